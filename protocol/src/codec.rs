@@ -1,0 +1,48 @@
+//! MessagePack encoding of envelopes.
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned, de::IgnoredAny};
+
+use crate::messages::{Envelope, Request, RequestId, Response};
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode message: {0}")]
+pub struct EncodeError(#[from] rmp_serde::encode::Error);
+
+/// A frame that is not a valid envelope. `id` is the request id when at least that much could be
+/// read, so the error reply can still be matched to its request.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed frame{}: {source}", id.map(|i| format!(" (request {i})")).unwrap_or_default())]
+pub struct DecodeError {
+    pub id: Option<RequestId>,
+    #[source]
+    pub source: rmp_serde::decode::Error,
+}
+
+/// Encode with field names (structs as maps), as the protocol requires.
+pub fn encode<M: Serialize>(envelope: &Envelope<M>) -> Result<Vec<u8>, EncodeError> {
+    Ok(rmp_serde::to_vec_named(envelope)?)
+}
+
+/// Decode an envelope of any message type.
+pub fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<Envelope<M>, DecodeError> {
+    rmp_serde::from_slice(bytes).map_err(|source| DecodeError { id: peek_id(bytes), source })
+}
+
+pub fn decode_request(bytes: &[u8]) -> Result<Envelope<Request>, DecodeError> {
+    decode(bytes)
+}
+
+pub fn decode_response(bytes: &[u8]) -> Result<Envelope<Response>, DecodeError> {
+    decode(bytes)
+}
+
+/// Read just the `id` of an envelope whose `msg` may be unreadable.
+fn peek_id(bytes: &[u8]) -> Option<RequestId> {
+    #[derive(Deserialize)]
+    struct IdOnly {
+        id: RequestId,
+        #[serde(rename = "msg")]
+        _msg: Option<IgnoredAny>,
+    }
+    rmp_serde::from_slice::<IdOnly>(bytes).ok().map(|e| e.id)
+}
