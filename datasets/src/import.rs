@@ -95,13 +95,11 @@ pub fn fanoutqa(json: &[u8], corpus: &HashMap<String, String>) -> Result<(Vec<Qa
     let normalised_corpus: HashMap<&str, String> =
         corpus.iter().map(|(t, text)| (t.as_str(), normalize_answer(text))).collect();
     for q in &top {
-        let parent_id = q.get("id").and_then(Value::as_str).ok_or_else(|| ImportError::Shape("question without id".into()))?;
+        let parent_id =
+            q.get("id").and_then(Value::as_str).ok_or_else(|| ImportError::Shape("question without id".into()))?;
         let parent_question = q.get("question").and_then(Value::as_str).unwrap_or_default();
-        let mut stack: Vec<&Value> = q
-            .get("decomposition")
-            .and_then(Value::as_array)
-            .map(|d| d.iter().rev().collect())
-            .unwrap_or_default();
+        let mut stack: Vec<&Value> =
+            q.get("decomposition").and_then(Value::as_array).map(|d| d.iter().rev().collect()).unwrap_or_default();
         while let Some(sub) = stack.pop() {
             report.read += 1;
             let children = sub.get("decomposition").and_then(Value::as_array);
@@ -122,7 +120,9 @@ pub fn fanoutqa(json: &[u8], corpus: &HashMap<String, String>) -> Result<(Vec<Qa
             let evidence_title = sub.pointer("/evidence/title").and_then(Value::as_str);
             let passage = evidence_title.and_then(|t| normalised_corpus.get(t));
             let answer_in_passage = answer_kind == "scalar"
-                && passage.is_some_and(|p| golds.iter().map(|g| normalize_answer(g)).any(|g| !g.is_empty() && p.contains(&g)));
+                && passage.is_some_and(|p| {
+                    golds.iter().map(|g| normalize_answer(g)).any(|g| !g.is_empty() && p.contains(&g))
+                });
             let mut metadata = Map::new();
             metadata.insert("parent_id".into(), parent_id.into());
             metadata.insert("parent_question".into(), parent_question.into());

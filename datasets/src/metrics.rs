@@ -122,16 +122,8 @@ fn extract_answer_min(text: &str, min_matches: usize) -> Option<String> {
 /// The marker the reference format check looks for (Qwen's ChatML assistant turn).
 pub const ASSISTANT_MARKER: &str = "<|im_start|>assistant";
 
-const TAGS: [&str; 8] = [
-    "<think>",
-    "</think>",
-    "<search>",
-    "</search>",
-    "<information>",
-    "</information>",
-    "<answer>",
-    "</answer>",
-];
+const TAGS: [&str; 8] =
+    ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"];
 
 /// The format check on a whole decoded sequence: find the first `<|im_start|>assistant` (then
 /// optional whitespace) and check what follows with [`is_valid_response`]. Without the marker the
@@ -196,16 +188,16 @@ fn split_on_tags(content: &str) -> Vec<&str> {
     let mut last = 0;
     let mut i = 0;
     while i < content.len() {
-        if content.as_bytes()[i] == b'<' {
-            if let Some(tag) = TAGS.iter().find(|t| content[i..].starts_with(**t)) {
-                parts.push(&content[last..i]);
-                parts.push(&content[i..i + tag.len()]);
-                i += tag.len();
-                last = i;
-                continue;
-            }
+        let tag =
+            (content.as_bytes()[i] == b'<').then(|| TAGS.iter().find(|t| content[i..].starts_with(**t))).flatten();
+        if let Some(tag) = tag {
+            parts.push(&content[last..i]);
+            parts.push(&content[i..i + tag.len()]);
+            i += tag.len();
+            last = i;
+        } else {
+            i += 1;
         }
-        i += 1;
     }
     parts.push(&content[last..]);
     parts

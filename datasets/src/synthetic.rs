@@ -170,7 +170,8 @@ const ONSETS: [&str; 24] = [
 const VOWELS: [&str; 9] = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "y"];
 const CODAS: [&str; 12] = ["", "n", "r", "l", "s", "th", "m", "nd", "rt", "ck", "x", "v"];
 const CITY_SUFFIXES: [&str; 8] = ["mouth", "ford", "wick", "ton", "bury", "haven", "stead", "port"];
-const STRUCTURES: [&str; 8] = ["bridge", "lighthouse", "tower", "library", "observatory", "canal", "aqueduct", "opera house"];
+const STRUCTURES: [&str; 8] =
+    ["bridge", "lighthouse", "tower", "library", "observatory", "canal", "aqueduct", "opera house"];
 const PROFESSIONS: [&str; 6] = ["engineer", "architect", "industrialist", "physician", "astronomer", "merchant"];
 const PERSON_FILLER: [&str; 4] = [
     "Letters by this person are kept in a private collection.",
@@ -398,13 +399,9 @@ fn passage(entities: &[Entity], e: &Entity, rng: &mut ChaCha8Rng) -> Passage {
             e.name.split(' ').next().unwrap_or(&e.name),
             name(e.alma_mater),
         ),
-        Kind::University => format!(
-            "{} is a university in {}, founded in {} by {}.",
-            e.name,
-            name(e.place),
-            e.year,
-            name(e.maker),
-        ),
+        Kind::University => {
+            format!("{} is a university in {}, founded in {} by {}.", e.name, name(e.place), e.year, name(e.maker),)
+        }
         Kind::Structure => format!(
             "{} is {} {} in {}. It was designed by {} and opened in {}.",
             e.name,

@@ -138,7 +138,8 @@ fn parquet_rows_missing_columns_are_reported_by_row() {
         ("n", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
     ])
     .unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
     let err = load_searchr1_parquet(&path, OnBadRow::Fail).unwrap_err();

@@ -13,13 +13,13 @@ fn normalisation() {
     let cases = [
         ("The Eiffel Tower", "eiffel tower"),
         ("  a  cat,  AN apple; the end. ", "cat apple end"),
-        ("theater", "theater"),           // articles only as whole words
-        ("Anne's cat", "annes cat"),      // punctuation removed before articles
+        ("theater", "theater"),      // articles only as whole words
+        ("Anne's cat", "annes cat"), // punctuation removed before articles
         ("U.S.A.", "usa"),
         ("rock-and-roll", "rockandroll"), // hyphens are punctuation, not spaces
         ("1,000,000", "1000000"),
         ("Café  Müller", "café müller"),
-        ("the’s", "’s"),                   // a non-ASCII mark is not punctuation but breaks a word
+        ("the’s", "’s"), // a non-ASCII mark is not punctuation but breaks a word
         ("a", ""),
         ("\tTHE\nAnswer\u{1f}x ", "answer x"),
         ("(a) b_c", "bc"),
@@ -71,10 +71,7 @@ fn answer_extraction() {
     // Whole sequence: needs two matches, the first being the prompt's example.
     assert_eq!(extract_answer(prompt), None);
     assert_eq!(extract_answer(&format!("{prompt}<answer> Paris </answer>")).as_deref(), Some("Paris"));
-    assert_eq!(
-        extract_answer(&format!("{prompt}<answer>a</answer> <answer>\n b \n</answer>")).as_deref(),
-        Some("b")
-    );
+    assert_eq!(extract_answer(&format!("{prompt}<answer>a</answer> <answer>\n b \n</answer>")).as_deref(), Some("b"));
     // Unclosed answers do not count.
     assert_eq!(extract_answer(&format!("{prompt}<answer> Paris")), None);
     // Response only: one match suffices.
@@ -92,7 +89,9 @@ fn format_state_machine() {
     let valid = [
         "<think>t</think><answer>a</answer>".to_string(),
         format!("<think>t</think>\n<search> q </search>{INFO}<think>u</think> <answer> a </answer>"),
-        format!("<think>t</think><search>q</search>{INFO}<think>u</think><search>r</search>{INFO}<think>v</think><answer>a</answer>"),
+        format!(
+            "<think>t</think><search>q</search>{INFO}<think>u</think><search>r</search>{INFO}<think>v</think><answer>a</answer>"
+        ),
         "  <think>\n</think>  <answer>a</answer>  ".to_string(),
     ];
     let invalid = [
@@ -113,7 +112,9 @@ fn format_state_machine() {
     ];
     for v in &valid {
         assert!(is_valid_response(v), "should be valid: {v:?}");
-        assert!(is_valid_sequence(&format!("<|im_start|>user\n<answer> Beijing </answer><|im_end|>\n<|im_start|>assistant\n{v}")));
+        assert!(is_valid_sequence(&format!(
+            "<|im_start|>user\n<answer> Beijing </answer><|im_end|>\n<|im_start|>assistant\n{v}"
+        )));
     }
     for (why, v) in &invalid {
         assert!(!is_valid_response(v), "should be invalid ({why}): {v:?}");
@@ -131,7 +132,9 @@ fn em_reward_table() {
     let bad_ok = "<answer> Paris </answer>";
     let bad_wrong = "<answer> Rome </answer>";
     let unclosed = format!("<think>t</think><search>q</search>{INFO}<think>u</think><answer>");
-    let full = |resp: &str| format!("<|im_start|>user\nfor example <answer> Beijing </answer><|im_end|>\n<|im_start|>assistant\n{resp}");
+    let full = |resp: &str| {
+        format!("<|im_start|>user\nfor example <answer> Beijing </answer><|im_end|>\n<|im_start|>assistant\n{resp}")
+    };
     let rows: [(&str, String, f64, Option<&str>, bool); 6] = [
         ("no answer, invalid", "<think>t</think> I give up".into(), 0.0, None, false),
         ("no answer, invalid (unclosed answer)", unclosed, 0.0, None, false),
@@ -150,7 +153,8 @@ fn em_reward_table() {
     }
     // "No answer, valid format": a valid trajectory always ends in an answer, so this row is only
     // reached in full-sequence mode when the prompt carries no example answer (one match < two).
-    let prompt_only_answer = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>t</think><answer> Paris </answer>";
+    let prompt_only_answer =
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>t</think><answer> Paris </answer>";
     let r = compute_reward(Scored::FullSequence(prompt_only_answer), &g, Metric::Em, RewardConfig::TRAINING);
     assert_eq!((r.answer.clone(), r.format_valid), (None, true));
     assert!((r.score - 0.2).abs() < 1e-12, "no answer, valid: {}", r.score);
@@ -203,7 +207,17 @@ fn f1_reward_table() {
 
 #[test]
 fn source_routing() {
-    for s in ["nq", "triviaqa", "popqa", "web_questions", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "strategyqa"] {
+    for s in [
+        "nq",
+        "triviaqa",
+        "popqa",
+        "web_questions",
+        "hotpotqa",
+        "2wikimultihopqa",
+        "musique",
+        "bamboogle",
+        "strategyqa",
+    ] {
         assert_eq!(grove_datasets::metric_for_source(s), Metric::Em, "{s}");
     }
     for s in ["simpleqa", "gaia", "webwalkerqa", "NQ", ""] {

@@ -37,10 +37,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
             "hello",
             Envelope::new(
                 1,
-                Request::Hello(Hello {
-                    protocol_version: crate::PROTOCOL_VERSION,
-                    client: "grove-trainer/0.1".into(),
-                }),
+                Request::Hello(Hello { protocol_version: crate::PROTOCOL_VERSION, client: "grove-trainer/0.1".into() }),
             ),
         ),
         (
@@ -49,12 +46,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                 2,
                 Request::CreateEpisodes(CreateEpisodes {
                     tasks: vec![task()],
-                    options: EpisodeOptions {
-                        max_turns: Some(3),
-                        topk: Some(3),
-                        backend: None,
-                        prompt_template: None,
-                    },
+                    options: EpisodeOptions { max_turns: Some(3), topk: Some(3), backend: None, prompt_template: None },
                 }),
             ),
         ),
@@ -66,8 +58,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                     actions: vec![StepAction {
                         episode: 1,
                         action: Action::Text(
-                            "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>"
-                                .into(),
+                            "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>".into(),
                         ),
                     }],
                 }),
@@ -85,10 +76,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                 }),
             ),
         ),
-        (
-            "fork",
-            Envelope::new(5, Request::Fork(Fork { forks: vec![ForkSpec { episode: 1, at_step: 2, n: 3 }] })),
-        ),
+        ("fork", Envelope::new(5, Request::Fork(Fork { forks: vec![ForkSpec { episode: 1, at_step: 2, n: 3 }] }))),
         ("close", Envelope::new(6, Request::Close(Close { episodes: vec![1, 2] }))),
         ("get_transcript", Envelope::new(7, Request::GetTranscript(GetTranscript { episode: 1 }))),
         ("stats", Envelope::new(8, Request::Stats)),

@@ -107,7 +107,10 @@ fn golden_vectors_match_the_encoder() {
         check_golden(&format!("response_{name}"), &env, bless, &mut stale);
         names.insert(format!("response_{name}"));
     }
-    assert!(stale.is_empty(), "golden vectors differ from the encoder (rerun with GROVE_BLESS=1 if intended): {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "golden vectors differ from the encoder (rerun with GROVE_BLESS=1 if intended): {stale:?}"
+    );
     // No orphaned golden files either.
     let on_disk: BTreeSet<String> = std::fs::read_dir(golden_dir())
         .unwrap()

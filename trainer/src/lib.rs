@@ -1,1 +1,9 @@
-//! placeholder
+//! Grove's trainer: Hugging Face causal LMs in libtorch (through `tch`), tree and chain rollouts
+//! against env-servers, and Tree-GRPO / GRPO updates.
+//!
+//! Architecture invariants: `model/` is pure tensor code (no I/O beyond loading and saving
+//! weights); the env client, rollouts, algorithm, optimiser, loop and CLI are separate modules;
+//! every tensor lives on one thread (tch `Tensor` is not `Sync`), other threads talk to it
+//! through channels.
+
+pub mod device;

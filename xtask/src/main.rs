@@ -1,1 +1,114 @@
-fn main() {}
+//! Project chores behind the commands the README names: `cargo xtask setup` (libtorch),
+//! `cargo xtask assets` (real tokenizer, model, corpus and QA data), `cargo xtask test` (setup,
+//! then formatting, lints, the Rust suite and the Python checks).
+
+mod assets;
+mod libtorch;
+mod python;
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Grove project chores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch and verify libtorch 2.11.0 into the cache and link it for the build.
+    Setup {
+        /// The full CUDA libtorch (several GB) instead of the CPU libraries.
+        #[arg(long)]
+        cuda: bool,
+        /// Re-hash every cached file against the manifest written at setup.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Fetch the real assets (tokenizer, SmolLM2 GGUF, Wikipedia summaries, FanOutQA) and
+    /// convert them into Grove's formats in the cache.
+    Assets {
+        /// Convert again even if the outputs are present.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Setup, assets, then fmt --check, clippy -D warnings, every Rust test and the Python tests.
+    Test {
+        /// Skip `cargo fmt --check` and clippy (for a quick local run; CI never skips).
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments passed to `cargo test` (after `--`).
+        #[arg(last = true)]
+        cargo_test_args: Vec<String>,
+    },
+    /// Print the environment the build uses (for shells and IDEs).
+    Env,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    match cli.command {
+        Command::Setup { cuda, verify } => {
+            let dir = libtorch::ensure(&root, libtorch::Variant::from_cuda_flag(cuda))?;
+            if verify {
+                libtorch::verify_full(&dir)?;
+            }
+            println!("libtorch ready: {}", dir.display());
+        }
+        Command::Assets { force } => assets::ensure_all(force)?,
+        Command::Test { no_lint, cargo_test_args } => test(&root, no_lint, &cargo_test_args)?,
+        Command::Env => {
+            let dir = libtorch::ensure(&root, libtorch::Variant::Cpu)?;
+            println!("export LIBTORCH={}", dir.display());
+            println!("export LIBTORCH_CXX11_ABI=1");
+            println!("export GROVE_CACHE={}", grove_datasets::assets::cache_dir().display());
+        }
+    }
+    Ok(())
+}
+
+fn workspace_root() -> Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    Ok(manifest.parent().context("xtask has no parent directory")?.to_path_buf())
+}
+
+fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let mut phases: Vec<(&str, f64)> = Vec::new();
+    let mut phase = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        util::banner(name);
+        let t = Instant::now();
+        f().with_context(|| format!("`cargo xtask test` failed at: {name}"))?;
+        phases.push((name, t.elapsed().as_secs_f64()));
+        Ok(())
+    };
+    phase("libtorch", &mut || libtorch::ensure(root, libtorch::Variant::Cpu).map(drop))?;
+    phase("assets", &mut || assets::ensure_all(false))?;
+    let venv = python::venv_dir();
+    phase("python venv", &mut || python::ensure_venv(&venv))?;
+    if !no_lint {
+        phase("cargo fmt --check", &mut || util::run(root, "cargo", &["fmt", "--all", "--check"]))?;
+        phase("cargo clippy", &mut || {
+            util::run(root, "cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
+        })?;
+    }
+    phase("cargo test", &mut || {
+        let mut args = vec!["test", "--workspace"];
+        args.extend(cargo_test_args.iter().map(String::as_str));
+        util::run(root, "cargo", &args)
+    })?;
+    phase("python tests", &mut || python::pytest(&venv, root, &["protocol/tests/python"]))?;
+    util::banner("summary");
+    for (name, secs) in &phases {
+        println!("  {name:<20} {secs:>8.1} s");
+    }
+    println!("  {:<20} {:>8.1} s", "total", started.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -36,11 +36,7 @@ pub fn load_qa_jsonl(
             id: str_field(&v, "id")?,
             question: str_field(&v, "question")?,
             golden_answers,
-            data_source: v
-                .get("data_source")
-                .and_then(|s| s.as_str())
-                .unwrap_or(default_source)
-                .to_string(),
+            data_source: v.get("data_source").and_then(|s| s.as_str()).unwrap_or(default_source).to_string(),
             split: v.get("split").and_then(|s| s.as_str()).or(split).map(str::to_owned),
             metric,
             metadata,

@@ -33,8 +33,11 @@ pub fn load_searchr1_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaE
             for (field, column) in schema.fields().iter().zip(batch.columns()) {
                 obj.insert(field.name().clone(), cell(column.as_ref(), row));
             }
-            let parsed = example_from_row(&Value::Object(obj))
-                .map_err(|message| RowError { path: path.to_path_buf(), line: row_number, message });
+            let parsed = example_from_row(&Value::Object(obj)).map_err(|message| RowError {
+                path: path.to_path_buf(),
+                line: row_number,
+                message,
+            });
             out.push(parsed, on_bad)?;
         }
     }
@@ -43,18 +46,13 @@ pub fn load_searchr1_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaE
 
 fn example_from_row(v: &Value) -> std::result::Result<QaExample, String> {
     let data_source = v.get("data_source").and_then(Value::as_str).ok_or("missing field `data_source`")?.to_string();
-    let ground_truth = v
-        .pointer("/reward_model/ground_truth")
-        .ok_or("missing field `reward_model.ground_truth`")?;
+    let ground_truth = v.pointer("/reward_model/ground_truth").ok_or("missing field `reward_model.ground_truth`")?;
     let golden_answers = str_list(ground_truth, "target").map_err(|e| format!("reward_model.ground_truth: {e}"))?;
     if golden_answers.is_empty() {
         return Err("`reward_model.ground_truth.target` is empty".into());
     }
-    let prompt = v
-        .pointer("/prompt/0/content")
-        .and_then(Value::as_str)
-        .ok_or("missing `prompt[0].content`")?
-        .to_string();
+    let prompt =
+        v.pointer("/prompt/0/content").and_then(Value::as_str).ok_or("missing `prompt[0].content`")?.to_string();
     let split = v.pointer("/extra_info/split").and_then(Value::as_str).map(str::to_owned);
     let index = v.pointer("/extra_info/index").and_then(Value::as_i64);
     let id = match (v.get("id").and_then(Value::as_str), index) {

@@ -1,0 +1,59 @@
+//! Where tensors live and in which precision: f32 on CPU, bf16 on CUDA (DESIGN.md).
+
+use tch::{Device, Kind};
+
+/// The device and parameter dtype of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub device: Device,
+    pub kind: Kind,
+}
+
+/// What the user asked for on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceRequest {
+    /// CUDA device 0 when available, else CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "CUDA device {0} requested, but libtorch sees {1} CUDA device(s); this build may be the CPU libtorch (see `cargo xtask setup --cuda`)"
+    )]
+    CudaUnavailable(usize, usize),
+}
+
+impl std::str::FromStr for DeviceRequest {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceRequest::Auto),
+            "cpu" => Ok(DeviceRequest::Cpu),
+            "cuda" => Ok(DeviceRequest::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|i| i.parse().ok())
+                .map(DeviceRequest::Cuda)
+                .ok_or_else(|| format!("unknown device {other:?} (expected auto, cpu, cuda or cuda:N)")),
+        }
+    }
+}
+
+/// Resolve a request against the devices libtorch actually sees.
+pub fn place(request: DeviceRequest) -> Result<Placement, DeviceError> {
+    let cuda_count = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
+    let device = match request {
+        DeviceRequest::Cpu => Device::Cpu,
+        DeviceRequest::Auto if cuda_count > 0 => Device::Cuda(0),
+        DeviceRequest::Auto => Device::Cpu,
+        DeviceRequest::Cuda(i) if i < cuda_count => Device::Cuda(i),
+        DeviceRequest::Cuda(i) => return Err(DeviceError::CudaUnavailable(i, cuda_count)),
+    };
+    let kind = if device.is_cuda() { Kind::BFloat16 } else { Kind::Float };
+    Ok(Placement { device, kind })
+}

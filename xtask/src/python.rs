@@ -1,0 +1,46 @@
+//! The Python environment for the cross-language checks: a venv in the cache with the pinned
+//! packages below, recreated when the pins change.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::util;
+
+/// Packages the Python tests need, pinned.
+const REQUIREMENTS: &[&str] = &["msgpack==1.1.2", "pytest==8.4.2"];
+
+pub fn venv_dir() -> PathBuf {
+    grove_datasets::assets::cache_dir().join("venv")
+}
+
+fn python(venv: &Path) -> PathBuf {
+    venv.join("bin").join("python")
+}
+
+pub fn ensure_venv(venv: &Path) -> Result<()> {
+    let stamp = venv.join("grove-requirements.txt");
+    let wanted = REQUIREMENTS.join("\n") + "\n";
+    if python(venv).exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(());
+    }
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("remove stale venv {}", venv.display()))?;
+    }
+    let mut cmd = Command::new(util::python_for_pip());
+    cmd.args(["-m", "venv"]).arg(venv);
+    util::run_cmd(&mut cmd).context("cannot create the Python venv (is python3-venv installed?)")?;
+    let mut pip = Command::new(python(venv));
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(REQUIREMENTS);
+    util::run_cmd(&mut pip).context("pip install into the venv failed")?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(())
+}
+
+/// Run pytest on `paths` (relative to `root`).
+pub fn pytest(venv: &Path, root: &Path, paths: &[&str]) -> Result<()> {
+    let mut cmd = Command::new(python(venv));
+    cmd.args(["-m", "pytest", "-q"]).args(paths).current_dir(root);
+    util::run_cmd(&mut cmd)
+}
