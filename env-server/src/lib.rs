@@ -2,6 +2,23 @@
 //! forkable at any completed step, served over WebSocket (MessagePack) with a Search-R1
 //! compatible HTTP side door.
 //!
+//! Layout: [`sim`] is the ECS core (no I/O); [`search`] holds the backends behind one trait;
+//! [`net`] is the tokio layer (WebSocket, HTTP, the thread that drives the sim); [`config`] the
+//! TOML/CLI configuration; [`metrics`] the Prometheus counters.
+//!
 //! Architecture invariants: this crate never links libtorch; the ECS core does no I/O (sockets
 //! and HTTP live in the net layer, search backends sit behind a trait and are called outside the
 //! systems).
+
+pub mod config;
+pub mod metrics;
+pub mod net;
+pub mod search;
+pub mod sim;
+
+pub use net::{Backends, run};
+
+/// rustls needs a process-wide crypto provider before the first TLS client is built.
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

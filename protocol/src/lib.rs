@@ -12,6 +12,8 @@
 //!
 //! This crate is the only one in the workspace with wire types; it depends on no other Grove crate.
 
+#[cfg(feature = "client")]
+pub mod client;
 mod codec;
 mod error;
 pub mod examples;

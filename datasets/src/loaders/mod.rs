@@ -13,7 +13,7 @@ use std::path::Path;
 
 pub use flashrag::{load_qa_jsonl, write_qa_jsonl};
 pub use searchr1::load_searchr1_parquet;
-pub use wiki18::{load_wiki18, write_wiki18};
+pub use wiki18::{load_wiki18, stream_wiki18, write_wiki18};
 
 use crate::error::{DatasetError, Result, RowError};
 
@@ -43,23 +43,34 @@ impl<T> Loaded<T> {
     }
 }
 
-/// Parse each non-blank line of a JSONL file with `parse(line_number, value)`.
+/// Parse each non-blank line of a JSONL file with `parse`, lazily; each bad row is an `Err`
+/// naming its line, and reading goes on after it.
+fn stream_jsonl<T>(
+    path: &Path,
+    mut parse: impl FnMut(serde_json::Value) -> std::result::Result<T, String>,
+) -> Result<impl Iterator<Item = std::result::Result<T, RowError>>> {
+    let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
+    let path = path.to_path_buf();
+    Ok(BufReader::new(file).lines().enumerate().filter_map(move |(i, line)| {
+        let parsed = match line {
+            Err(e) => Err(format!("cannot read line: {e}")),
+            Ok(l) if l.trim().is_empty() => return None,
+            Ok(l) => serde_json::from_str::<serde_json::Value>(&l)
+                .map_err(|e| format!("invalid JSON: {e}"))
+                .and_then(&mut parse),
+        };
+        Some(parsed.map_err(|message| RowError { path: path.clone(), line: i + 1, message }))
+    }))
+}
+
+/// Read a whole JSONL file, failing on or collecting bad rows.
 fn read_jsonl<T>(
     path: &Path,
     on_bad: OnBadRow,
-    mut parse: impl FnMut(serde_json::Value) -> std::result::Result<T, String>,
+    parse: impl FnMut(serde_json::Value) -> std::result::Result<T, String>,
 ) -> Result<Loaded<T>> {
-    let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
     let mut out = Loaded { items: Vec::new(), bad_rows: Vec::new() };
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| DatasetError::io(path, e))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row = serde_json::from_str::<serde_json::Value>(&line)
-            .map_err(|e| format!("invalid JSON: {e}"))
-            .and_then(&mut parse)
-            .map_err(|message| RowError { path: path.to_path_buf(), line: i + 1, message });
+    for row in stream_jsonl(path, parse)? {
         out.push(row, on_bad)?;
     }
     Ok(out)

@@ -1,0 +1,92 @@
+//! Counters, gauges and latency histograms, rendered in the Prometheus text format for
+//! `GET /metrics`. Updated from the sim thread and the net layer without locks.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use grove_protocol::ErrorCode;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (b, c) in BUCKETS.iter().zip(&self.counts) {
+            cumulative += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub episodes_live: AtomicU64,
+    pub episodes_created: AtomicU64,
+    pub steps: AtomicU64,
+    pub forks: AtomicU64,
+    pub searches: AtomicU64,
+    pub search_errors: AtomicU64,
+    pub connections: AtomicU64,
+    pub retrieve_requests: AtomicU64,
+    pub search_latency: Histogram,
+    pub step_latency: Histogram,
+    errors: [AtomicU64; ErrorCode::ALL.len()],
+}
+
+impl Metrics {
+    pub fn error(&self, code: ErrorCode) {
+        if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
+            self.errors[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn errors_of(&self, code: ErrorCode) -> u64 {
+        ErrorCode::ALL.iter().position(|c| *c == code).map(|i| self.errors[i].load(Ordering::Relaxed)).unwrap_or(0)
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut gauge = |name: &str, kind: &str, help: &str, v: &AtomicU64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Ordering::Relaxed));
+        };
+        gauge("grove_episodes_live", "gauge", "Episodes currently held by the server.", &self.episodes_live);
+        gauge("grove_episodes_created_total", "counter", "Episodes created, forks included.", &self.episodes_created);
+        gauge("grove_steps_total", "counter", "Completed agent steps.", &self.steps);
+        gauge("grove_forks_total", "counter", "Episodes created by forking.", &self.forks);
+        gauge("grove_searches_total", "counter", "Search queries answered by backends.", &self.searches);
+        gauge("grove_search_errors_total", "counter", "Search batches that failed.", &self.search_errors);
+        gauge("grove_connections", "gauge", "Open WebSocket connections.", &self.connections);
+        gauge("grove_retrieve_requests_total", "counter", "HTTP /retrieve requests.", &self.retrieve_requests);
+        let _ = writeln!(out, "# HELP grove_errors_total Error replies by code.\n# TYPE grove_errors_total counter");
+        for (code, n) in ErrorCode::ALL.iter().zip(&self.errors) {
+            let _ = writeln!(out, "grove_errors_total{{code=\"{code}\"}} {}", n.load(Ordering::Relaxed));
+        }
+        self.search_latency.render(&mut out, "grove_search_latency_seconds", "Latency of one search batch at its backend.");
+        self.step_latency.render(&mut out, "grove_step_latency_seconds", "Time a Step request spends in the server.");
+        out
+    }
+}

@@ -1,0 +1,203 @@
+//! HTTP on the same port as the protocol: the WebSocket upgrade, `POST /retrieve` in the
+//! Search-R1 dialect, `GET /health` and `GET /metrics`. Every request is checked against the
+//! bearer token when one is configured.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+use super::Ctx;
+use super::ws::{serve as serve_ws, ws_config};
+use grove_protocol::ErrorCode;
+
+type Body = Full<Bytes>;
+
+pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+    let service = hyper::service::service_fn(move |req| route(req, ctx.clone()));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, error = %e, "http connection ended with an error");
+    }
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// A JSON error body with the protocol's error code.
+fn error(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response<Body> {
+    let body = json!({ "error": { "code": code.name(), "message": message.into() } });
+    respond(status, "application/json", body.to_string())
+}
+
+/// Constant-time comparison of the presented bearer token.
+fn authorised(ctx: &Ctx, req: &Request<Incoming>) -> bool {
+    let Some(token) = &ctx.token else { return true };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let (a, b) = (presented.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
+    let has = |name: header::HeaderName, want: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case(want)))
+    };
+    req.method() == Method::GET && has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
+}
+
+async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Body>, Infallible> {
+    if !authorised(&ctx, &req) {
+        ctx.metrics.error(ErrorCode::Unauthorized);
+        tracing::debug!(path = req.uri().path(), "rejected: missing or wrong bearer token");
+        let mut r = error(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "missing or wrong bearer token");
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Ok(r);
+    }
+    if is_websocket_upgrade(&req) {
+        return Ok(upgrade(&mut req, ctx));
+    }
+    let response = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/retrieve") => retrieve(req, &ctx).await,
+        (&Method::GET, "/health") => {
+            let live = ctx.metrics.episodes_live.load(std::sync::atomic::Ordering::Relaxed);
+            let body = json!({ "status": "ok", "episodes_live": live, "backends": ctx.backends.names() });
+            respond(StatusCode::OK, "application/json", body.to_string())
+        }
+        (&Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", ctx.metrics.render()),
+        (_, "/retrieve" | "/health" | "/metrics") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MalformedFrame, "method not allowed")
+        }
+        (_, path) => error(StatusCode::NOT_FOUND, ErrorCode::MalformedFrame, format!("no route {path}")),
+    };
+    Ok(response)
+}
+
+fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).map(|k| derive_accept_key(k.as_bytes())) else {
+        return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "missing Sec-WebSocket-Key");
+    };
+    let slot = ctx.connection_slots.clone().try_acquire_owned().ok();
+    let on_upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let config = ws_config(ctx.config.limits.max_frame_bytes);
+                let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+                serve_ws(ws, ctx, slot).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "websocket upgrade failed"),
+        }
+    });
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&key) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    r
+}
+
+/// `POST /retrieve`: `{queries | query, topk, return_scores}` -> `{result: [[...]]}`, with
+/// `{document, score}` items when `return_scores` is true and bare documents otherwise.
+async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    ctx.metrics.retrieve_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let limits = &ctx.config.limits;
+    let body = match Limited::new(req.into_body(), limits.max_frame_bytes).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::FrameTooLarge,
+                format!("body over {} bytes", limits.max_frame_bytes),
+            );
+        }
+    };
+    let parsed: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, format!("invalid JSON: {e}")),
+    };
+    let queries: Vec<String> = match (parsed.get("queries"), parsed.get("query")) {
+        (Some(Value::Array(qs)), _) => match qs.iter().map(|q| q.as_str().map(str::to_owned)).collect() {
+            Some(qs) => qs,
+            None => return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "`queries` must hold strings"),
+        },
+        (None, Some(Value::String(q))) => vec![q.clone()],
+        _ => {
+            return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "expected `queries` (list) or `query`");
+        }
+    };
+    if queries.len() > limits.max_retrieve_queries {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::BatchTooLarge,
+            format!("{} queries; the limit is {}", queries.len(), limits.max_retrieve_queries),
+        );
+    }
+    if let Some(q) = queries.iter().find(|q| q.chars().count() > limits.max_query_chars) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::ActionTooLong,
+            format!("query of {} characters; the limit is {}", q.chars().count(), limits.max_query_chars),
+        );
+    }
+    let topk = parsed
+        .get("topk")
+        .or_else(|| parsed.get("top_k"))
+        .and_then(Value::as_u64)
+        .filter(|k| *k > 0)
+        .map_or(ctx.config.episodes.topk as usize, |k| k as usize)
+        .min(limits.max_topk as usize);
+    let with_scores = parsed.get("return_scores").and_then(Value::as_bool).unwrap_or(false);
+    if queries.is_empty() {
+        return respond(StatusCode::OK, "application/json", json!({ "result": [] }).to_string());
+    }
+    let started = std::time::Instant::now();
+    let hits = match ctx.backends.default_backend().search(queries, topk).await {
+        Ok(h) => h,
+        Err(e) => {
+            ctx.metrics.error(ErrorCode::BackendError);
+            return error(StatusCode::BAD_GATEWAY, ErrorCode::BackendError, e.to_string());
+        }
+    };
+    ctx.metrics.search_latency.observe(started.elapsed());
+    let result: Vec<Vec<Value>> = hits
+        .into_iter()
+        .map(|per_query| {
+            per_query
+                .into_iter()
+                .map(|h| {
+                    let doc = json!({ "id": h.id, "contents": h.contents });
+                    if with_scores { json!({ "document": doc, "score": h.score }) } else { doc }
+                })
+                .collect()
+        })
+        .collect();
+    respond(StatusCode::OK, "application/json", json!({ "result": result }).to_string())
+}

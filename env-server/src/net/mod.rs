@@ -1,0 +1,300 @@
+//! The network layer: one listener serving WebSocket (the protocol) and HTTP (`/retrieve`,
+//! `/health`, `/metrics`), and the thread that owns the [`Sim`] and drives its ticks.
+//!
+//! Data flow: a connection's reader task decodes frames and sends requests to the sim thread over
+//! a bounded channel (a slow sim slows readers down); the sim thread runs a tick whenever
+//! something arrives, sends replies to each connection's bounded outbound channel, and hands
+//! search batches to backends on the tokio runtime, whose results come back as messages.
+
+mod http;
+mod ws;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use grove_protocol::{Envelope, ErrorCode, Request, RequestId, Response, Welcome};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::search::{Hit, SearchBackend, SearchError};
+use crate::sim::{BatchId, ConnId, Sim};
+
+/// The search backends a server offers, by name; the first is the default.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    list: Vec<(String, Arc<dyn SearchBackend>)>,
+}
+
+impl Backends {
+    pub fn new(name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
+        Self { list: vec![(name.into(), backend)] }
+    }
+
+    /// Add another named backend.
+    pub fn with(mut self, name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
+        self.list.push((name.into(), backend));
+        self
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.list.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    pub fn default_backend(&self) -> &Arc<dyn SearchBackend> {
+        &self.list[0].1
+    }
+
+    fn get(&self, i: usize) -> Option<&Arc<dyn SearchBackend>> {
+        self.list.get(i).map(|(_, b)| b)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the sim thread stopped unexpectedly")]
+    SimThread,
+}
+
+/// A reply on its way to a connection. `counted` replies answer a request the reader forwarded
+/// to the sim and give back one in-flight permit when written.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub envelope: Envelope<Response>,
+    pub counted: bool,
+}
+
+pub(crate) enum DriverInput {
+    Open { conn: ConnId, tx: mpsc::Sender<Outgoing> },
+    Request { conn: ConnId, id: RequestId, request: Request },
+    Closed { conn: ConnId },
+}
+
+struct SearchDone {
+    batch: BatchId,
+    result: Result<Vec<Vec<Hit>>, SearchError>,
+    elapsed: Duration,
+}
+
+/// Shared by every connection task.
+pub(crate) struct Ctx {
+    pub config: ServerConfig,
+    pub token: Option<String>,
+    pub welcome: Welcome,
+    pub driver: mpsc::Sender<DriverInput>,
+    pub metrics: Arc<Metrics>,
+    pub backends: Backends,
+    pub shutdown: watch::Receiver<bool>,
+    pub connection_slots: Arc<Semaphore>,
+    pub next_conn: AtomicU64,
+}
+
+impl Ctx {
+    pub fn new_conn_id(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// Serve until `shutdown` resolves. Tests bind `127.0.0.1:0` and pass the listener.
+pub async fn run(
+    listener: TcpListener,
+    config: ServerConfig,
+    backends: Backends,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let metrics = Arc::new(Metrics::default());
+    let (driver_tx, driver_rx) = mpsc::channel(4096);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let sim = Sim::new(config.limits.clone(), &config.episodes, backends.names());
+    let sim_thread = {
+        let backends = backends.clone();
+        let metrics = metrics.clone();
+        let handle = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("grove-sim".into())
+            .spawn(move || drive(sim, driver_rx, backends, metrics, handle))?
+    };
+    let welcome = Welcome {
+        protocol_version: grove_protocol::PROTOCOL_VERSION,
+        server: format!("grove-env-server/{}", env!("CARGO_PKG_VERSION")),
+        limits: config.limits.to_wire(config.episodes.max_turns),
+    };
+    let ctx = Arc::new(Ctx {
+        token: config.resolved_token(),
+        connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+        config,
+        welcome,
+        driver: driver_tx,
+        metrics,
+        backends,
+        shutdown: stop_rx,
+        next_conn: AtomicU64::new(0),
+    });
+    tracing::info!(addr = %listener.local_addr()?, "env-server listening");
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(http::serve_connection(stream, peer, ctx.clone()));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    drop(ctx);
+    // Connection tasks see the stop signal, send their last replies and drop their senders; the
+    // sim thread ends when every sender is gone and no search is out.
+    tokio::task::spawn_blocking(move || sim_thread.join()).await.map_err(|_| ServerError::SimThread)?.map_err(|_| {
+        ServerError::SimThread
+    })?;
+    Ok(())
+}
+
+/// The sim thread: wait for input, drain what is there, tick, deliver.
+fn drive(
+    mut sim: Sim,
+    mut inputs: mpsc::Receiver<DriverInput>,
+    backends: Backends,
+    metrics: Arc<Metrics>,
+    handle: tokio::runtime::Handle,
+) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_time().build() else {
+        tracing::error!("cannot start the sim thread's timer runtime");
+        return;
+    };
+    let (search_tx, mut search_rx) = mpsc::unbounded_channel::<SearchDone>();
+    let mut conns: HashMap<ConnId, mpsc::Sender<Outgoing>> = HashMap::new();
+    let mut inputs_open = true;
+    // How often idle episodes are looked for when nothing else happens.
+    let reap_every = Duration::from_secs(1);
+    const MAX_DRAIN: usize = 16_384;
+    loop {
+        if !inputs_open && sim.searches_in_flight() == 0 {
+            break;
+        }
+        let first = rt.block_on(async {
+            tokio::select! {
+                biased;
+                done = search_rx.recv() => done.map(Wake::Search),
+                input = inputs.recv(), if inputs_open => Some(input.map_or(Wake::InputsClosed, Wake::Input)),
+                _ = tokio::time::sleep(reap_every) => Some(Wake::Timer),
+            }
+        });
+        let Some(first) = first else { continue };
+        inputs_open &= apply(first, &mut sim, &mut conns, &metrics);
+        let mut drained = 0;
+        while drained < MAX_DRAIN {
+            let Ok(done) = search_rx.try_recv() else { break };
+            apply(Wake::Search(done), &mut sim, &mut conns, &metrics);
+            drained += 1;
+        }
+        while drained < MAX_DRAIN && inputs_open {
+            let wake = match inputs.try_recv() {
+                Ok(input) => Wake::Input(input),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => Wake::InputsClosed,
+            };
+            inputs_open &= apply(wake, &mut sim, &mut conns, &metrics);
+            drained += 1;
+        }
+        let out = sim.tick(Instant::now());
+        for reply in out.replies {
+            count_errors(&reply.envelope.msg, &metrics);
+            if let Some(latency) = reply.latency {
+                metrics.step_latency.observe(latency);
+            }
+            let Some(tx) = conns.get(&reply.conn) else { continue };
+            // The channel holds as many replies as the connection may have requests in flight,
+            // so it is never full; a closed channel means the connection is going away.
+            if tx.try_send(Outgoing { envelope: reply.envelope, counted: true }).is_err() {
+                tracing::debug!(conn = reply.conn, "reply dropped: connection closing");
+            }
+        }
+        for batch in out.searches {
+            let Some(backend) = backends.get(batch.backend).cloned() else { continue };
+            let tx = search_tx.clone();
+            handle.spawn(async move {
+                let started = Instant::now();
+                let result = backend.search(batch.queries, batch.topk as usize).await;
+                let _ = tx.send(SearchDone { batch: batch.id, result, elapsed: started.elapsed() });
+            });
+        }
+        let stats = sim.stats();
+        metrics.episodes_live.store(stats.episodes_live, Ordering::Relaxed);
+        metrics.episodes_created.store(stats.episodes_created, Ordering::Relaxed);
+        metrics.steps.store(stats.steps, Ordering::Relaxed);
+        metrics.forks.store(stats.forks, Ordering::Relaxed);
+        metrics.searches.store(stats.searches, Ordering::Relaxed);
+    }
+}
+
+/// Feed one input to the sim. Returns false once the input channel has closed.
+fn apply(wake: Wake, sim: &mut Sim, conns: &mut HashMap<ConnId, mpsc::Sender<Outgoing>>, metrics: &Metrics) -> bool {
+    match wake {
+        Wake::Search(done) => {
+            metrics.search_latency.observe(done.elapsed);
+            if done.result.is_err() {
+                metrics.search_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            sim.deliver_search(done.batch, done.result);
+        }
+        Wake::Input(DriverInput::Open { conn, tx }) => {
+            conns.insert(conn, tx);
+        }
+        Wake::Input(DriverInput::Request { conn, id, request }) => sim.submit(conn, id, request),
+        Wake::Input(DriverInput::Closed { conn }) => {
+            conns.remove(&conn);
+            sim.disconnect(conn);
+        }
+        Wake::InputsClosed => return false,
+        Wake::Timer => {}
+    }
+    true
+}
+
+enum Wake {
+    Search(SearchDone),
+    Input(DriverInput),
+    InputsClosed,
+    Timer,
+}
+
+/// Count error replies and per-item errors by code.
+pub(crate) fn count_errors(msg: &Response, metrics: &Metrics) {
+    fn each<T>(items: &[Result<T, grove_protocol::ErrorInfo>], metrics: &Metrics) {
+        for e in items.iter().filter_map(|r| r.as_ref().err()) {
+            metrics.error(e.code);
+        }
+    }
+    match msg {
+        Response::Error(e) => metrics.error(e.code),
+        Response::EpisodesCreated(c) => each(&c.episodes, metrics),
+        Response::Stepped(s) => each(&s.results, metrics),
+        Response::Forked(f) => each(&f.results, metrics),
+        Response::Closed(c) => each(&c.results, metrics),
+        _ => {}
+    }
+}
+
+/// An error reply for a frame the reader could not forward.
+pub(crate) fn error_reply(id: Option<RequestId>, code: ErrorCode, message: impl Into<String>) -> Outgoing {
+    Outgoing {
+        envelope: Envelope::new(id.unwrap_or(0), Response::Error(grove_protocol::ErrorInfo::new(code, message))),
+        counted: false,
+    }
+}

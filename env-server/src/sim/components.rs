@@ -1,0 +1,226 @@
+//! Episode components and the resources the systems share.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bevy_ecs::prelude::*;
+use grove_datasets::Metric;
+use grove_datasets::metrics::RewardConfig;
+use grove_protocol::{Action, EpisodeId, ErrorInfo, Lineage, Observation, RequestId, Reward, TaskSpec};
+
+use super::transcript::Transcript;
+use crate::config::LimitsConfig;
+use crate::search::{Hit, SearchError};
+
+/// Identifies a client connection.
+pub type ConnId = u64;
+/// Identifies an open Step request inside the sim.
+pub type StepKey = u64;
+/// Identifies a search batch handed to a backend.
+pub type BatchId = u64;
+
+/// The public id of an episode.
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpisodeKey(pub EpisodeId);
+
+/// The task, shared by an episode and all its forks.
+#[derive(Component, Debug, Clone)]
+pub struct Task(pub Arc<TaskInfo>);
+
+#[derive(Debug)]
+pub struct TaskInfo {
+    pub spec: TaskSpec,
+    /// The rendered user prompt.
+    pub prompt: String,
+    pub metric: Metric,
+}
+
+#[derive(Component, Debug, Clone, Default)]
+pub struct History(pub Transcript);
+
+/// Tool turns used and allowed. When `used == max` the next step is the forced final turn.
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Turns {
+    pub used: u32,
+    pub max: u32,
+}
+
+#[derive(Component, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Active,
+    /// A search of this episode is out at a backend.
+    Searching,
+    Done,
+}
+
+#[derive(Component, Debug, Clone)]
+pub struct LineageC(pub Lineage);
+
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Owner(pub ConnId);
+
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Clock {
+    pub created: Instant,
+    pub touched: Instant,
+}
+
+#[derive(Component, Debug, Clone, Default)]
+pub struct Outcome(pub Option<Reward>);
+
+/// Per-episode settings fixed at creation.
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Settings {
+    pub topk: u32,
+    /// Index into [`SimSettings::backends`].
+    pub backend: usize,
+}
+
+/// An action waiting to be resolved this tick.
+#[derive(Component, Debug, Clone)]
+pub struct PendingAction {
+    pub step: StepKey,
+    pub slot: usize,
+    pub action: Action,
+}
+
+/// A search that went out to a backend; the step completes when its batch comes back.
+#[derive(Component, Debug, Clone)]
+pub struct AwaitingSearch {
+    pub step: StepKey,
+    pub slot: usize,
+    pub action: String,
+    pub query: String,
+}
+
+/// Set on an episode whose last step ended it; the scoring system computes its reward.
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Finished {
+    pub step: StepKey,
+    pub slot: usize,
+}
+
+/// Commands that arrived since the last tick.
+#[derive(Resource, Debug, Default)]
+pub struct Inbox(pub Vec<Incoming>);
+
+#[derive(Debug)]
+pub enum Incoming {
+    Request { conn: ConnId, id: RequestId, request: grove_protocol::Request },
+    Disconnected(ConnId),
+    SearchDone { batch: BatchId, result: Result<Vec<Vec<Hit>>, SearchError> },
+}
+
+/// What a tick produced for the outside world.
+#[derive(Resource, Debug, Default)]
+pub struct Outbox {
+    pub replies: Vec<Reply>,
+    pub searches: Vec<SearchBatch>,
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub conn: ConnId,
+    pub envelope: grove_protocol::Envelope<grove_protocol::Response>,
+    /// How long the request spent inside the server (Step requests only).
+    pub latency: Option<Duration>,
+}
+
+/// Queries for one backend with one top-k, to be searched together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchBatch {
+    pub id: BatchId,
+    pub backend: usize,
+    pub topk: u32,
+    pub queries: Vec<String>,
+}
+
+/// Search results delivered since the last tick, by batch.
+#[derive(Resource, Debug, Default)]
+pub struct SearchInbox(pub Vec<(BatchId, Result<Vec<Vec<Hit>>, SearchError>)>);
+
+/// Searches queued this tick, by (backend, topk).
+#[derive(Resource, Debug, Default)]
+pub struct SearchQueue(pub HashMap<(usize, u32), Vec<(Entity, String)>>);
+
+/// Batches out at backends: which episode each query belongs to.
+#[derive(Resource, Debug, Default)]
+pub struct Batches {
+    pub next: BatchId,
+    pub open: HashMap<BatchId, Vec<Entity>>,
+}
+
+/// Open Step requests: one slot per action, filled as actions resolve.
+#[derive(Resource, Debug, Default)]
+pub struct Steps {
+    pub next: StepKey,
+    pub open: HashMap<StepKey, OpenStep>,
+}
+
+#[derive(Debug)]
+pub struct OpenStep {
+    pub conn: ConnId,
+    pub id: RequestId,
+    pub slots: Vec<Option<Result<Observation, ErrorInfo>>>,
+    pub remaining: usize,
+    pub received: Instant,
+}
+
+impl Steps {
+    pub fn fill(&mut self, step: StepKey, slot: usize, result: Result<Observation, ErrorInfo>) {
+        if let Some(open) = self.open.get_mut(&step) {
+            if let Some(s) = open.slots.get_mut(slot).filter(|s| s.is_none()) {
+                *s = Some(result);
+                open.remaining -= 1;
+            }
+        }
+    }
+
+    pub fn observation_mut(&mut self, step: StepKey, slot: usize) -> Option<&mut Observation> {
+        self.open.get_mut(&step)?.slots.get_mut(slot)?.as_mut()?.as_mut().ok()
+    }
+}
+
+/// Episode id -> entity, and per-connection episode counts.
+#[derive(Resource, Debug, Default)]
+pub struct Directory {
+    pub next_episode: EpisodeId,
+    pub by_id: HashMap<EpisodeId, Entity>,
+    pub per_conn: HashMap<ConnId, usize>,
+}
+
+impl Directory {
+    pub fn live(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
+/// Server-wide counters.
+#[derive(Resource, Debug, Default, Clone)]
+pub struct Counters {
+    pub created: u64,
+    pub closed: u64,
+    pub reaped: u64,
+    pub steps: u64,
+    pub forks: u64,
+    pub searches: u64,
+    pub search_errors: u64,
+}
+
+/// Fixed settings of the sim.
+#[derive(Resource, Debug, Clone)]
+pub struct SimSettings {
+    pub limits: LimitsConfig,
+    pub max_turns: u32,
+    pub topk: u32,
+    pub prompt_template: String,
+    pub reward: RewardConfig,
+    /// Backend names; episodes refer to them by index, 0 is the default.
+    pub backends: Vec<String>,
+    pub started: Instant,
+}
+
+/// The time of the current tick.
+#[derive(Resource, Debug, Clone, Copy)]
+pub struct Now(pub Instant);

@@ -1,0 +1,715 @@
+//! The systems of one tick, in order: ingest commands (and search results) -> apply search
+//! results -> resolve actions -> queue searches into batches -> score finished episodes -> fail
+//! steps whose episodes vanished -> emit replies -> reap idle episodes.
+
+// bevy system parameters (`Query`, `Res`, `Commands`) read better without their lifetimes.
+#![allow(elided_lifetimes_in_paths)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bevy_ecs::prelude::*;
+use grove_datasets::metrics::{Scored, compute_reward};
+use grove_protocol::*;
+
+use super::actions::{parse_text, parse_tool};
+use super::components::*;
+use super::transcript::{StepRecord, Transcript};
+use crate::search::render_docs;
+
+/// The fixed message for an action that parses to nothing (Search-R1's corrective feedback).
+pub const INVALID_ACTION_FEEDBACK: &str = "\nMy previous action is invalid. If I want to search, I should put the \
+query between <search> and </search>. If I want to give the final answer, I should put the answer between \
+<answer> and </answer>. Let me try again.\n";
+
+/// Wrap a search result the way the agent sees it.
+pub fn information(docs: &str) -> String {
+    format!("\n\n<information>{}</information>\n\n", docs.trim())
+}
+
+/// Question preprocessing of the reference: strip, and end with a question mark.
+pub fn render_prompt(template: &str, question: &str) -> String {
+    let mut q = question.trim().to_string();
+    if !q.ends_with('?') {
+        q.push('?');
+    }
+    template.replace("{question}", &q)
+}
+
+fn reply(conn: ConnId, id: RequestId, msg: Response) -> Reply {
+    Reply { conn, envelope: Envelope::new(id, msg), latency: None }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ingest (exclusive): create, step intake, fork, close, transcript, stats, disconnect
+
+pub fn ingest(world: &mut World) {
+    let incoming = std::mem::take(&mut world.resource_mut::<Inbox>().0);
+    for item in incoming {
+        match item {
+            Incoming::Request { conn, id, request } => handle_request(world, conn, id, request),
+            Incoming::Disconnected(conn) => disconnect(world, conn),
+            Incoming::SearchDone { batch, result } => world.resource_mut::<SearchInbox>().0.push((batch, result)),
+        }
+    }
+}
+
+fn handle_request(world: &mut World, conn: ConnId, id: RequestId, request: Request) {
+    let msg = match request {
+        Request::CreateEpisodes(c) => create(world, conn, c),
+        Request::Step(s) => return step_intake(world, conn, id, s),
+        Request::Fork(f) => fork(world, conn, f),
+        Request::Close(c) => close(world, conn, &c),
+        Request::GetTranscript(t) => transcript(world, conn, t.episode),
+        Request::Stats => Response::Stats(stats(world)),
+        Request::Ping(p) => Response::Pong(p),
+        Request::Hello(_) => {
+            Response::Error(ErrorInfo::new(ErrorCode::HandshakeRequired, "Hello is only valid once, as the first request"))
+        }
+    };
+    world.resource_mut::<Outbox>().replies.push(reply(conn, id, msg));
+}
+
+/// The entity of `episode` if it exists and belongs to `conn`.
+fn owned(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
+    let entity = *world
+        .resource::<Directory>()
+        .by_id
+        .get(&episode)
+        .ok_or_else(|| ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}")))?;
+    match world.get::<Owner>(entity) {
+        Some(Owner(o)) if *o == conn => Ok(entity),
+        _ => Err(ErrorInfo::for_episode(ErrorCode::NotOwner, episode, "the episode belongs to another connection")),
+    }
+}
+
+/// Room for `n` more episodes on `conn`?
+fn capacity_error(world: &World, conn: ConnId, n: usize) -> Option<ErrorInfo> {
+    let dir = world.resource::<Directory>();
+    let limits = &world.resource::<SimSettings>().limits;
+    let mine = dir.per_conn.get(&conn).copied().unwrap_or(0);
+    if mine + n > limits.max_episodes_per_connection {
+        return Some(ErrorInfo::new(
+            ErrorCode::TooManyEpisodes,
+            format!("this connection holds {mine} episodes; the limit is {}", limits.max_episodes_per_connection),
+        ));
+    }
+    if dir.live() + n > limits.max_episodes_total {
+        return Some(ErrorInfo::new(
+            ErrorCode::TooManyEpisodes,
+            format!("the server holds {} episodes; the limit is {}", dir.live(), limits.max_episodes_total),
+        ));
+    }
+    None
+}
+
+fn batch_error(what: &str, n: usize, max: usize) -> Option<ErrorInfo> {
+    (n > max).then(|| ErrorInfo::new(ErrorCode::BatchTooLarge, format!("{n} {what} in one request; the limit is {max}")))
+}
+
+fn new_episode_id(world: &mut World, conn: ConnId) -> EpisodeId {
+    let mut dir = world.resource_mut::<Directory>();
+    dir.next_episode += 1;
+    *dir.per_conn.entry(conn).or_default() += 1;
+    dir.next_episode
+}
+
+fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
+    let settings = world.resource::<SimSettings>().clone();
+    if let Some(e) = batch_error("tasks", c.tasks.len(), settings.limits.max_batch) {
+        return Response::Error(e);
+    }
+    if let Some(e) = capacity_error(world, conn, c.tasks.len()) {
+        return Response::Error(e);
+    }
+    let opts = &c.options;
+    let max_turns = opts.max_turns.unwrap_or(settings.max_turns);
+    if max_turns > settings.limits.max_turns {
+        return Response::Error(ErrorInfo::new(
+            ErrorCode::BatchTooLarge,
+            format!("max_turns {max_turns} is above the server's limit {}", settings.limits.max_turns),
+        ));
+    }
+    let topk = opts.topk.filter(|k| *k > 0).unwrap_or(settings.topk).min(settings.limits.max_topk);
+    let backend = match &opts.backend {
+        None => 0,
+        Some(name) => match settings.backends.iter().position(|b| b == name) {
+            Some(i) => i,
+            None => {
+                return Response::Error(ErrorInfo::new(
+                    ErrorCode::UnknownBackend,
+                    format!("no backend `{name}`; this server has {:?}", settings.backends),
+                ));
+            }
+        },
+    };
+    let template = opts.prompt_template.as_deref().unwrap_or(&settings.prompt_template).to_string();
+    let now = world.resource::<Now>().0;
+    let mut episodes = Vec::with_capacity(c.tasks.len());
+    for task in c.tasks {
+        let too_long = task.question.chars().count() > settings.limits.max_action_chars;
+        if too_long || task.golden_answers.is_empty() {
+            let why = if too_long { "question is too long" } else { "a task needs at least one gold answer" };
+            let code = if too_long { ErrorCode::ActionTooLong } else { ErrorCode::InvalidAction };
+            episodes.push(Err(ErrorInfo::new(code, why)));
+            continue;
+        }
+        let id = new_episode_id(world, conn);
+        let prompt = render_prompt(&template, &task.question);
+        let metric = match task.metric {
+            Some(Metric::Em) => grove_datasets::Metric::Em,
+            Some(Metric::F1) => grove_datasets::Metric::F1,
+            None => grove_datasets::metric_for_source(&task.data_source),
+        };
+        let info = Arc::new(TaskInfo { spec: task, prompt: prompt.clone(), metric });
+        let entity = world
+            .spawn((
+                EpisodeKey(id),
+                Task(info),
+                History::default(),
+                Turns { used: 0, max: max_turns },
+                Phase::Active,
+                LineageC(Lineage { root: id, parent: None, depth: 0, fork_step: None }),
+                Owner(conn),
+                Clock { created: now, touched: now },
+                Outcome::default(),
+                Settings { topk, backend },
+            ))
+            .id();
+        world.resource_mut::<Directory>().by_id.insert(id, entity);
+        world.resource_mut::<Counters>().created += 1;
+        episodes.push(Ok(EpisodeStart { episode: id, prompt, max_turns }));
+    }
+    Response::EpisodesCreated(EpisodesCreated { episodes })
+}
+
+fn step_intake(world: &mut World, conn: ConnId, id: RequestId, s: Step) {
+    let limits = world.resource::<SimSettings>().limits.clone();
+    let received = world.resource::<Now>().0;
+    if let Some(e) = batch_error("actions", s.actions.len(), limits.max_batch) {
+        world.resource_mut::<Outbox>().replies.push(reply(conn, id, Response::Error(e)));
+        return;
+    }
+    let key = {
+        let mut steps = world.resource_mut::<Steps>();
+        steps.next += 1;
+        let key = steps.next;
+        let n = s.actions.len();
+        steps.open.insert(key, OpenStep { conn, id, slots: vec![None; n], remaining: n, received });
+        key
+    };
+    let mut seen = HashSet::new();
+    for (slot, a) in s.actions.into_iter().enumerate() {
+        let checked = owned(world, conn, a.episode).and_then(|entity| {
+            if !seen.insert(a.episode) {
+                return Err(ErrorInfo::for_episode(ErrorCode::DuplicateEpisode, a.episode, "episode appears twice in one Step"));
+            }
+            match world.get::<Phase>(entity) {
+                Some(Phase::Done) => {
+                    return Err(ErrorInfo::for_episode(ErrorCode::EpisodeDone, a.episode, "the episode has finished"));
+                }
+                Some(Phase::Searching) => {
+                    return Err(ErrorInfo::for_episode(
+                        ErrorCode::DuplicateEpisode,
+                        a.episode,
+                        "a step of this episode is still in flight",
+                    ));
+                }
+                _ if world.get::<PendingAction>(entity).is_some() => {
+                    return Err(ErrorInfo::for_episode(
+                        ErrorCode::DuplicateEpisode,
+                        a.episode,
+                        "a step of this episode is still in flight",
+                    ));
+                }
+                _ => {}
+            }
+            let len = match &a.action {
+                Action::Text(t) => t.chars().count(),
+                Action::Tool(call) => call.name.len() + call.arguments.values().map(|v| v.to_string().len()).sum::<usize>(),
+            };
+            if len > limits.max_action_chars {
+                return Err(ErrorInfo::for_episode(
+                    ErrorCode::ActionTooLong,
+                    a.episode,
+                    format!("action of {len} characters; the limit is {}", limits.max_action_chars),
+                ));
+            }
+            Ok(entity)
+        });
+        match checked {
+            Ok(entity) => {
+                world.entity_mut(entity).insert(PendingAction { step: key, slot, action: a.action });
+            }
+            Err(e) => world.resource_mut::<Steps>().fill(key, slot, Err(e)),
+        }
+    }
+}
+
+fn fork(world: &mut World, conn: ConnId, f: Fork) -> Response {
+    let limits = world.resource::<SimSettings>().limits.clone();
+    let total: usize = f.forks.iter().map(|s| s.n as usize).sum();
+    if let Some(e) = batch_error("forks", f.forks.len(), limits.max_batch)
+        .or_else(|| batch_error("children", total, limits.max_forks_per_request))
+    {
+        return Response::Error(e);
+    }
+    let now = world.resource::<Now>().0;
+    let mut results = Vec::with_capacity(f.forks.len());
+    for spec in f.forks {
+        results.push(fork_one(world, conn, &spec, now));
+    }
+    Response::Forked(Forked { results })
+}
+
+fn fork_one(world: &mut World, conn: ConnId, spec: &ForkSpec, now: std::time::Instant) -> Result<ForkResult, ErrorInfo> {
+    let parent = owned(world, conn, spec.episode)?;
+    if spec.n == 0 {
+        return Err(ErrorInfo::for_episode(ErrorCode::InvalidStep, spec.episode, "a fork needs n >= 1"));
+    }
+    if let Some(e) = capacity_error(world, conn, spec.n as usize) {
+        return Err(ErrorInfo { episode: Some(spec.episode), ..e });
+    }
+    let e = world.entity(parent);
+    let (Some(task), Some(history), Some(turns), Some(phase), Some(lineage), Some(outcome), Some(settings)) = (
+        e.get::<Task>(),
+        e.get::<History>(),
+        e.get::<Turns>(),
+        e.get::<Phase>(),
+        e.get::<LineageC>(),
+        e.get::<Outcome>(),
+        e.get::<Settings>(),
+    ) else {
+        return Err(ErrorInfo::for_episode(ErrorCode::Internal, spec.episode, "episode is missing components"));
+    };
+    let len = history.0.len();
+    let Some(prefix) = history.0.prefix(spec.at_step) else {
+        return Err(ErrorInfo::for_episode(
+            ErrorCode::InvalidStep,
+            spec.episode,
+            format!("at_step {} is beyond the episode's {len} completed steps", spec.at_step),
+        ));
+    };
+    // Forking a finished episode at its last step gives a finished child with the same reward.
+    let ended_here = *phase == Phase::Done && spec.at_step == len;
+    let child_phase = if ended_here { Phase::Done } else { Phase::Active };
+    let child_outcome = if ended_here { outcome.clone() } else { Outcome::default() };
+    let child_lineage = Lineage {
+        root: lineage.0.root,
+        parent: Some(spec.episode),
+        depth: lineage.0.depth + 1,
+        fork_step: Some(spec.at_step),
+    };
+    let bundle = (
+        task.clone(),
+        History(prefix),
+        Turns { used: spec.at_step, max: turns.max },
+        child_phase,
+        LineageC(child_lineage.clone()),
+        Owner(conn),
+        Clock { created: now, touched: now },
+        child_outcome,
+        *settings,
+    );
+    if let Some(mut c) = world.entity_mut(parent).get_mut::<Clock>() {
+        c.touched = now;
+    }
+    let mut children = Vec::with_capacity(spec.n as usize);
+    for _ in 0..spec.n {
+        let id = new_episode_id(world, conn);
+        let entity = world.spawn((EpisodeKey(id), bundle.clone())).id();
+        world.resource_mut::<Directory>().by_id.insert(id, entity);
+        children.push(id);
+    }
+    let mut counters = world.resource_mut::<Counters>();
+    counters.forks += spec.n as u64;
+    counters.created += spec.n as u64;
+    Ok(ForkResult { parent: spec.episode, at_step: spec.at_step, children, lineage: child_lineage })
+}
+
+/// Remove an episode entity and its directory entries.
+fn remove(world: &mut World, episode: EpisodeId, entity: Entity) {
+    let owner = world.get::<Owner>(entity).map(|o| o.0);
+    world.despawn(entity);
+    let mut dir = world.resource_mut::<Directory>();
+    dir.by_id.remove(&episode);
+    if let Some(conn) = owner {
+        if let Some(n) = dir.per_conn.get_mut(&conn) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                dir.per_conn.remove(&conn);
+            }
+        }
+    }
+}
+
+fn close(world: &mut World, conn: ConnId, c: &Close) -> Response {
+    let max = world.resource::<SimSettings>().limits.max_batch;
+    if let Some(e) = batch_error("episodes", c.episodes.len(), max) {
+        return Response::Error(e);
+    }
+    let results = c
+        .episodes
+        .iter()
+        .map(|&episode| {
+            let entity = owned(world, conn, episode)?;
+            // A search in flight for this episode comes back to an entity that no longer exists;
+            // its step reply reports the episode as closed.
+            remove(world, episode, entity);
+            world.resource_mut::<Counters>().closed += 1;
+            Ok(episode)
+        })
+        .collect();
+    Response::Closed(Closed { results })
+}
+
+fn transcript(world: &World, conn: ConnId, episode: EpisodeId) -> Response {
+    let entity = match owned(world, conn, episode) {
+        Ok(e) => e,
+        Err(e) => return Response::Error(e),
+    };
+    let e = world.entity(entity);
+    let (Some(task), Some(history), Some(lineage), Some(phase), Some(outcome)) =
+        (e.get::<Task>(), e.get::<History>(), e.get::<LineageC>(), e.get::<Phase>(), e.get::<Outcome>())
+    else {
+        return Response::Error(ErrorInfo::for_episode(ErrorCode::Internal, episode, "episode is missing components"));
+    };
+    Response::Transcript(grove_protocol::Transcript {
+        episode,
+        task: task.0.spec.clone(),
+        prompt: task.0.prompt.clone(),
+        lineage: lineage.0.clone(),
+        status: if *phase == Phase::Done { EpisodeStatus::Done } else { EpisodeStatus::Active },
+        steps: history
+            .0
+            .steps()
+            .into_iter()
+            .map(|s| TranscriptStep {
+                action: s.action.clone(),
+                kind: s.kind,
+                content: s.content.clone(),
+                observation: s.observation.clone(),
+            })
+            .collect(),
+        reward: outcome.0.clone(),
+    })
+}
+
+pub fn stats(world: &World) -> ServerStats {
+    let c = world.resource::<Counters>();
+    let dir = world.resource::<Directory>();
+    let settings = world.resource::<SimSettings>();
+    let now = world.resource::<Now>().0;
+    ServerStats {
+        episodes_live: dir.live() as u64,
+        episodes_created: c.created,
+        episodes_closed: c.closed,
+        episodes_reaped: c.reaped,
+        steps: c.steps,
+        forks: c.forks,
+        searches: c.searches,
+        connections: dir.per_conn.len() as u64,
+        uptime_ms: now.saturating_duration_since(settings.started).as_millis() as u64,
+    }
+}
+
+/// A connection went away: its episodes go with it.
+fn disconnect(world: &mut World, conn: ConnId) {
+    let mine: Vec<(EpisodeId, Entity)> = world
+        .query::<(&EpisodeKey, &Owner, Entity)>()
+        .iter(world)
+        .filter(|(_, o, _)| o.0 == conn)
+        .map(|(k, _, e)| (k.0, e))
+        .collect();
+    for (episode, entity) in mine {
+        remove(world, episode, entity);
+        world.resource_mut::<Counters>().closed += 1;
+    }
+    world.resource_mut::<Directory>().per_conn.remove(&conn);
+    world.resource_mut::<Steps>().open.retain(|_, s| s.conn != conn);
+}
+
+// ---------------------------------------------------------------------------------------------
+// resolve: parse actions; answers, invalid actions and forced final turns complete now,
+// searches are queued
+
+type StepQuery<'a> = (
+    Entity,
+    &'a EpisodeKey,
+    &'a PendingAction,
+    &'a mut History,
+    &'a mut Turns,
+    &'a mut Phase,
+    &'a mut Clock,
+    &'a Settings,
+);
+
+pub fn resolve_actions(
+    mut commands: Commands,
+    mut episodes: Query<StepQuery<'_>>,
+    mut steps: ResMut<Steps>,
+    mut queue: ResMut<SearchQueue>,
+    mut counters: ResMut<Counters>,
+    settings: Res<SimSettings>,
+    now: Res<Now>,
+) {
+    for (entity, key, pending, mut history, mut turns, mut phase, mut clock, cfg) in &mut episodes {
+        commands.entity(entity).remove::<PendingAction>();
+        clock.touched = now.0;
+        let parsed = match &pending.action {
+            Action::Text(t) => Ok((parse_text(t), t.clone())),
+            Action::Tool(call) => parse_tool(call),
+        };
+        let (parsed, action_text) = match parsed {
+            Ok(p) => p,
+            Err(e) => {
+                steps.fill(pending.step, pending.slot, Err(ErrorInfo { episode: Some(key.0), ..e }));
+                continue;
+            }
+        };
+        let forced_final = turns.used >= turns.max;
+        if !forced_final && parsed.kind == ActionKind::Search {
+            let chars = parsed.content.chars().count();
+            if chars > settings.limits.max_query_chars {
+                let msg = format!("query of {chars} characters; the limit is {}", settings.limits.max_query_chars);
+                steps.fill(pending.step, pending.slot, Err(ErrorInfo::for_episode(ErrorCode::ActionTooLong, key.0, msg)));
+                continue;
+            }
+            queue.0.entry((cfg.backend, cfg.topk)).or_default().push((entity, parsed.content.clone()));
+            *phase = Phase::Searching;
+            commands.entity(entity).insert(AwaitingSearch {
+                step: pending.step,
+                slot: pending.slot,
+                action: action_text,
+                query: parsed.content,
+            });
+            continue;
+        }
+        let (observation, done) = match (forced_final, parsed.kind) {
+            (true, _) | (false, ActionKind::Answer) => (String::new(), true),
+            _ => (INVALID_ACTION_FEEDBACK.to_string(), false),
+        };
+        let obs = record_step(
+            &mut history,
+            &mut turns,
+            StepRecord { action: action_text, kind: parsed.kind, content: parsed.content, observation },
+            key.0,
+            done,
+            forced_final,
+        );
+        counters.steps += 1;
+        if done {
+            *phase = Phase::Done;
+            commands.entity(entity).insert(Finished { step: pending.step, slot: pending.slot });
+        }
+        steps.fill(pending.step, pending.slot, Ok(obs));
+    }
+}
+
+/// Append a step and describe it for the client.
+fn record_step(
+    history: &mut History,
+    turns: &mut Turns,
+    step: StepRecord,
+    episode: EpisodeId,
+    done: bool,
+    forced_final: bool,
+) -> Observation {
+    let kind = step.kind;
+    let text = step.observation.clone();
+    history.0 = history.0.push(step);
+    turns.used += 1;
+    Observation {
+        episode,
+        step: history.0.len(),
+        kind,
+        text,
+        done,
+        forced_final,
+        turns_left: turns.max.saturating_sub(turns.used),
+        reward: None,
+    }
+}
+
+/// Turn this tick's queued searches into batches for the backends.
+pub fn dispatch_searches(mut queue: ResMut<SearchQueue>, mut batches: ResMut<Batches>, mut outbox: ResMut<Outbox>) {
+    let mut groups: Vec<_> = queue.0.drain().collect();
+    groups.sort_by_key(|(k, _)| *k);
+    for ((backend, topk), items) in groups {
+        batches.next += 1;
+        let id = batches.next;
+        let (entities, queries): (Vec<Entity>, Vec<String>) = items.into_iter().unzip();
+        batches.open.insert(id, entities);
+        outbox.searches.push(SearchBatch { id, backend, topk, queries });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// apply search results
+
+type SearchedQuery<'a> =
+    (&'a EpisodeKey, &'a AwaitingSearch, &'a mut History, &'a mut Turns, &'a mut Phase, &'a mut Clock);
+
+pub fn apply_search_results(
+    mut commands: Commands,
+    mut inbox: ResMut<SearchInbox>,
+    mut batches: ResMut<Batches>,
+    mut episodes: Query<SearchedQuery<'_>>,
+    mut steps: ResMut<Steps>,
+    mut counters: ResMut<Counters>,
+    now: Res<Now>,
+) {
+    for (batch, result) in inbox.0.drain(..) {
+        let Some(entities) = batches.open.remove(&batch) else { continue };
+        counters.searches += entities.len() as u64;
+        for (i, entity) in entities.into_iter().enumerate() {
+            // The episode may have been closed while its search was out.
+            let Ok((key, awaiting, mut history, mut turns, mut phase, mut clock)) = episodes.get_mut(entity) else {
+                continue;
+            };
+            commands.entity(entity).remove::<AwaitingSearch>();
+            *phase = Phase::Active;
+            clock.touched = now.0;
+            let hits = match &result {
+                Ok(per_query) => per_query.get(i),
+                Err(_) => None,
+            };
+            let Some(hits) = hits else {
+                // The step did not happen: the episode is as before, and the client may retry.
+                counters.search_errors += 1;
+                let why = match &result {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the backend returned fewer result lists than queries".to_string(),
+                };
+                steps.fill(awaiting.step, awaiting.slot, Err(ErrorInfo::for_episode(ErrorCode::BackendError, key.0, why)));
+                continue;
+            };
+            let obs = record_step(
+                &mut history,
+                &mut turns,
+                StepRecord {
+                    action: awaiting.action.clone(),
+                    kind: ActionKind::Search,
+                    content: awaiting.query.clone(),
+                    observation: information(&render_docs(hits)),
+                },
+                key.0,
+                false,
+                false,
+            );
+            counters.steps += 1;
+            steps.fill(awaiting.step, awaiting.slot, Ok(obs));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// score finished episodes
+
+pub fn score_finished(
+    mut commands: Commands,
+    mut finished: Query<(Entity, &Finished, &Task, &History, &mut Outcome)>,
+    mut steps: ResMut<Steps>,
+    settings: Res<SimSettings>,
+) {
+    for (entity, fin, task, history, mut outcome) in &mut finished {
+        commands.entity(entity).remove::<Finished>();
+        let response = history.0.response_text();
+        let r = compute_reward(Scored::Response(&response), &task.0.spec.golden_answers, task.0.metric, settings.reward);
+        let reward = Reward {
+            score: r.score,
+            metric: match task.0.metric {
+                grove_datasets::Metric::Em => Metric::Em,
+                grove_datasets::Metric::F1 => Metric::F1,
+            },
+            metric_value: r.metric_value,
+            answer: r.answer,
+            format_valid: r.format_valid,
+        };
+        if let Some(obs) = steps.observation_mut(fin.step, fin.slot) {
+            obs.reward = Some(reward.clone());
+        }
+        outcome.0 = Some(reward);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// emit completed Step replies
+
+pub fn emit_replies(mut steps: ResMut<Steps>, mut outbox: ResMut<Outbox>, now: Res<Now>) {
+    let done: Vec<StepKey> = steps.open.iter().filter(|(_, s)| s.remaining == 0).map(|(k, _)| *k).collect();
+    for key in done {
+        let Some(open) = steps.open.remove(&key) else { continue };
+        let results = open.slots.into_iter().map(|s| s.unwrap_or_else(|| Err(internal_unfilled()))).collect();
+        outbox.replies.push(Reply {
+            conn: open.conn,
+            envelope: Envelope::new(open.id, Response::Stepped(Stepped { results })),
+            latency: Some(now.0.saturating_duration_since(open.received)),
+        });
+    }
+}
+
+fn internal_unfilled() -> ErrorInfo {
+    ErrorInfo::new(ErrorCode::Internal, "step slot was never resolved")
+}
+
+/// Steps whose episodes vanished (closed or reaped while searching) are answered with an error.
+pub fn fail_orphaned_steps(mut steps: ResMut<Steps>, episodes: Query<&AwaitingSearch>) {
+    if steps.open.is_empty() {
+        return;
+    }
+    let mut waiting: HashSet<(StepKey, usize)> = HashSet::new();
+    for a in &episodes {
+        waiting.insert((a.step, a.slot));
+    }
+    let keys: Vec<StepKey> = steps.open.keys().copied().collect();
+    for key in keys {
+        let Some(open) = steps.open.get(&key) else { continue };
+        let missing: Vec<usize> = open
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(slot, s)| s.is_none() && !waiting.contains(&(key, *slot)))
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in missing {
+            steps.fill(key, slot, Err(ErrorInfo::new(ErrorCode::UnknownEpisode, "the episode was closed during its step")));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reap idle episodes
+
+pub fn reap(
+    mut commands: Commands,
+    episodes: Query<(Entity, &EpisodeKey, &Clock, &Owner, &Phase)>,
+    mut dir: ResMut<Directory>,
+    mut counters: ResMut<Counters>,
+    settings: Res<SimSettings>,
+    now: Res<Now>,
+) {
+    let idle = settings.limits.idle_timeout();
+    let max_age = std::time::Duration::from_secs(settings.limits.max_episode_age_secs);
+    for (entity, key, clock, owner, phase) in &episodes {
+        let idle_too_long = now.0.saturating_duration_since(clock.touched) >= idle;
+        let too_old = now.0.saturating_duration_since(clock.created) >= max_age;
+        if *phase == Phase::Searching || !(idle_too_long || too_old) {
+            continue;
+        }
+        commands.entity(entity).despawn();
+        dir.by_id.remove(&key.0);
+        if let Some(n) = dir.per_conn.get_mut(&owner.0) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                dir.per_conn.remove(&owner.0);
+            }
+        }
+        counters.reaped += 1;
+    }
+}
+
+/// Transcript handle of an episode, for tests and benches in this crate.
+pub fn history_of(world: &World, entity: Entity) -> Option<Transcript> {
+    world.get::<History>(entity).map(|h| h.0.clone())
+}
