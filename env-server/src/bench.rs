@@ -91,11 +91,14 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     }
     let (steps, _, wall) = step_phase(&clients, &queries, args.episodes, args.seconds, None).await?;
     let steps_per_s = steps as f64 / wall;
-    rows.push(Row("search steps/s over WebSocket, saturated", format!("{steps_per_s:.0}"), "closed loop, no think time"));
+    rows.push(Row(
+        "search steps/s over WebSocket, saturated",
+        format!("{steps_per_s:.0}"),
+        "closed loop, no think time",
+    ));
     rows.push(Row("  concurrent episodes / connections", format!("{} / {}", args.episodes, args.connections), ""));
     rows.push(Row("  steps/s vs backend alone", format!("{:.2}x", steps_per_s / bm25_qps), "server overhead ratio"));
-    let (steps, mut lat, wall) =
-        step_phase(&clients, &queries, args.episodes, args.seconds, Some(args.rate)).await?;
+    let (steps, mut lat, wall) = step_phase(&clients, &queries, args.episodes, args.seconds, Some(args.rate)).await?;
     lat.sort_unstable();
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or_default();
     rows.push(Row("search steps/s at offered load", format!("{:.0}", steps as f64 / wall), "paced by --rate"));
@@ -138,7 +141,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
         "1.0 = independent of depth",
     ));
 
-    println!("\n{:<52} {:>14}  {}", "env-server bench", "value", "note");
+    println!("\n{:<52} {:>14}  note", "env-server bench", "value");
     println!("{}", "-".repeat(90));
     for Row(name, value, note) in rows {
         println!("{name:<52} {value:>14}  {note}");
@@ -160,7 +163,13 @@ fn bench_queries(corpus: &std::path::Path, n: usize) -> Result<Vec<String>> {
 }
 
 fn task(q: &str) -> TaskSpec {
-    TaskSpec { question: q.into(), golden_answers: vec!["x".into()], data_source: "nq".into(), task_id: None, metric: None }
+    TaskSpec {
+        question: q.into(),
+        golden_answers: vec!["x".into()],
+        data_source: "nq".into(),
+        task_id: None,
+        metric: None,
+    }
 }
 
 /// `episodes` concurrent loops, each stepping one episode with searches: as fast as replies come
@@ -186,7 +195,8 @@ async fn step_phase(
             let mut lat = Vec::new();
             let mut i = e;
             let interval = rate.map(|r| Duration::from_secs_f64(episodes as f64 / r));
-            let mut next = tokio::time::Instant::now() + interval.map_or(Duration::ZERO, |d| d.mul_f64(e as f64 / episodes as f64));
+            let mut next = tokio::time::Instant::now()
+                + interval.map_or(Duration::ZERO, |d| d.mul_f64(e as f64 / episodes as f64));
             while !stop.load(Ordering::Relaxed) {
                 if let Some(d) = interval {
                     tokio::time::sleep_until(next).await;
@@ -262,7 +272,11 @@ fn in_process_forks(depth: u32) -> (f64, f64) {
     let before = alloc_counter::allocated();
     let t = Instant::now();
     for i in 0..(forks / 100) {
-        sim.submit(conn, 20_000 + i as u64, Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step: depth, n: 100 }] }));
+        sim.submit(
+            conn,
+            20_000 + i as u64,
+            Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step: depth, n: 100 }] }),
+        );
         sim.tick(Instant::now());
     }
     let elapsed = t.elapsed().as_secs_f64();

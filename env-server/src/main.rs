@@ -168,7 +168,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let config = load_config(&args)?;
     let backends = match config.backend {
         BackendKind::Local => {
-            let Some(corpus) = &config.corpus else { bail!("the local backend needs --corpus (or `corpus` in the config)") };
+            let Some(corpus) = &config.corpus else {
+                bail!("the local backend needs --corpus (or `corpus` in the config)")
+            };
             let corpus = corpus.clone();
             let index_dir = config.index.clone();
             let index = tokio::task::spawn_blocking(move || open_local_index(&corpus, index_dir.as_deref())).await??;

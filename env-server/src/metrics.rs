@@ -85,7 +85,11 @@ impl Metrics {
         for (code, n) in ErrorCode::ALL.iter().zip(&self.errors) {
             let _ = writeln!(out, "grove_errors_total{{code=\"{code}\"}} {}", n.load(Ordering::Relaxed));
         }
-        self.search_latency.render(&mut out, "grove_search_latency_seconds", "Latency of one search batch at its backend.");
+        self.search_latency.render(
+            &mut out,
+            "grove_search_latency_seconds",
+            "Latency of one search batch at its backend.",
+        );
         self.step_latency.render(&mut out, "grove_step_latency_seconds", "Time a Step request spends in the server.");
         out
     }

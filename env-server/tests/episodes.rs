@@ -8,7 +8,8 @@ use grove_env_server::config::ServerConfig;
 use grove_env_server::sim::INVALID_ACTION_FEEDBACK;
 use grove_protocol::*;
 
-const SEARCH: &str = "<think>I need the bridge's designer.</think>\n<search> Elmsworth Harbor Bridge designer </search>";
+const SEARCH: &str =
+    "<think>I need the bridge's designer.</think>\n<search> Elmsworth Harbor Bridge designer </search>";
 
 fn opts(max_turns: u32) -> EpisodeOptions {
     EpisodeOptions { max_turns: Some(max_turns), ..Default::default() }
@@ -28,11 +29,16 @@ async fn search_then_answer_with_em_reward() {
 
     let obs = c.step_text(ep.episode, SEARCH).await.unwrap();
     assert_eq!((obs.kind, obs.step, obs.done, obs.turns_left), (ActionKind::Search, 1, false, 2));
-    assert!(obs.text.starts_with("\n\n<information>Doc 1(Title: \"Elmsworth Harbor Bridge\") The Elmsworth"), "{:?}", obs.text);
+    assert!(
+        obs.text.starts_with("\n\n<information>Doc 1(Title: \"Elmsworth Harbor Bridge\") The Elmsworth"),
+        "{:?}",
+        obs.text
+    );
     assert!(obs.text.ends_with("</information>\n\n"));
     assert_eq!(obs.text.matches("Doc ").count(), 3, "top-3 by default");
 
-    let obs = c.step_text(ep.episode, "<think>It says Ada Kerrigan.</think>\n<answer> Ada Kerrigan </answer>").await.unwrap();
+    let obs =
+        c.step_text(ep.episode, "<think>It says Ada Kerrigan.</think>\n<answer> Ada Kerrigan </answer>").await.unwrap();
     assert!(obs.done && !obs.forced_final);
     assert_eq!(obs.text, "");
     let r = obs.reward.unwrap();
@@ -81,7 +87,10 @@ async fn invalid_action_gets_the_corrective_message() {
     assert_eq!(obs.text, INVALID_ACTION_FEEDBACK);
     assert!(obs.text.starts_with("\nMy previous action is invalid."));
     // Structured tool calls work as well, and are recorded in tag form.
-    let call = ToolCall { name: "answer".into(), arguments: [("answer".to_string(), "Ada Kerrigan".into())].into_iter().collect() };
+    let call = ToolCall {
+        name: "answer".into(),
+        arguments: [("answer".to_string(), "Ada Kerrigan".into())].into_iter().collect(),
+    };
     let res = c.step(vec![StepAction { episode: ep.episode, action: Action::Tool(call) }]).await.unwrap();
     let obs = res.into_iter().next().unwrap().unwrap();
     assert!(obs.done);
@@ -158,7 +167,8 @@ async fn forks_at_every_step_share_the_prefix_then_diverge() {
     }
     assert_eq!(c.transcript(parent).await.unwrap().steps, full.steps, "the parent is untouched");
     // A fork of a fork records its depth.
-    let grandchild = c.fork(vec![ForkSpec { episode: forked[1].as_ref().unwrap().children[1], at_step: 1, n: 1 }]).await.unwrap();
+    let grandchild =
+        c.fork(vec![ForkSpec { episode: forked[1].as_ref().unwrap().children[1], at_step: 1, n: 1 }]).await.unwrap();
     let g = grandchild[0].as_ref().unwrap();
     assert_eq!((g.lineage.root, g.lineage.depth), (parent, 2));
     // Forking beyond the completed steps is an error.
@@ -174,7 +184,8 @@ async fn closing_the_parent_leaves_children_intact() {
     let parent = one(&c, em_task(), 3).await.episode;
     c.step_text(parent, SEARCH).await.unwrap();
     let before = c.transcript(parent).await.unwrap();
-    let children = c.fork(vec![ForkSpec { episode: parent, at_step: 1, n: 3 }]).await.unwrap()[0].clone().unwrap().children;
+    let children =
+        c.fork(vec![ForkSpec { episode: parent, at_step: 1, n: 3 }]).await.unwrap()[0].clone().unwrap().children;
     let closed = c.close(vec![parent]).await.unwrap();
     assert_eq!(closed, vec![Ok(parent)]);
     assert_eq!(c.transcript(parent).await.unwrap_err().code(), Some(ErrorCode::UnknownEpisode));
@@ -209,7 +220,11 @@ async fn many_episodes_step_in_one_frame_and_searches_batch() {
         .enumerate()
         .map(|(i, &e)| StepAction {
             episode: e,
-            action: Action::Text(if i % 2 == 0 { SEARCH.to_string() } else { "<answer>Ada Kerrigan</answer>".to_string() }),
+            action: Action::Text(if i % 2 == 0 {
+                SEARCH.to_string()
+            } else {
+                "<answer>Ada Kerrigan</answer>".to_string()
+            }),
         })
         .collect();
     let results = c.step(actions).await.unwrap();

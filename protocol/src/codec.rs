@@ -36,8 +36,8 @@ pub fn decode_response(bytes: &[u8]) -> Result<Envelope<Response>, DecodeError> 
     decode(bytes)
 }
 
-/// Read just the `id` of an envelope whose `msg` may be unreadable.
-fn peek_id(bytes: &[u8]) -> Option<RequestId> {
+/// Read just the `id` of an envelope whose `msg` may be unreadable or unwanted.
+pub fn peek_id(bytes: &[u8]) -> Option<RequestId> {
     #[derive(Deserialize)]
     struct IdOnly {
         id: RequestId,

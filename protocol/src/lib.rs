@@ -19,7 +19,7 @@ mod error;
 pub mod examples;
 mod messages;
 
-pub use codec::{DecodeError, EncodeError, decode, decode_request, decode_response, encode};
+pub use codec::{DecodeError, EncodeError, decode, decode_request, decode_response, encode, peek_id};
 pub use error::{ErrorCode, ErrorInfo};
 pub use messages::*;
 

@@ -19,7 +19,7 @@ pub fn load_qa_jsonl(
         if !v.is_object() {
             return Err("row must be a JSON object".into());
         }
-        let golden_answers = str_list(&v, "golden_answers")?;
+        let golden_answers = str_list(v, "golden_answers")?;
         if golden_answers.is_empty() {
             return Err("`golden_answers` is empty".into());
         }
@@ -33,8 +33,8 @@ pub fn load_qa_jsonl(
             Some(_) => return Err("field `metadata` must be a map".into()),
         };
         Ok(QaExample {
-            id: str_field(&v, "id")?,
-            question: str_field(&v, "question")?,
+            id: str_field(v, "id")?,
+            question: str_field(v, "question")?,
             golden_answers,
             data_source: v.get("data_source").and_then(|s| s.as_str()).unwrap_or(default_source).to_string(),
             split: v.get("split").and_then(|s| s.as_str()).or(split).map(str::to_owned),

@@ -47,7 +47,7 @@ impl<T> Loaded<T> {
 /// naming its line, and reading goes on after it.
 fn stream_jsonl<T>(
     path: &Path,
-    mut parse: impl FnMut(serde_json::Value) -> std::result::Result<T, String>,
+    mut parse: impl FnMut(&serde_json::Value) -> std::result::Result<T, String>,
 ) -> Result<impl Iterator<Item = std::result::Result<T, RowError>>> {
     let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
     let path = path.to_path_buf();
@@ -57,7 +57,7 @@ fn stream_jsonl<T>(
             Ok(l) if l.trim().is_empty() => return None,
             Ok(l) => serde_json::from_str::<serde_json::Value>(&l)
                 .map_err(|e| format!("invalid JSON: {e}"))
-                .and_then(&mut parse),
+                .and_then(|v| parse(&v)),
         };
         Some(parsed.map_err(|message| RowError { path: path.clone(), line: i + 1, message }))
     }))
@@ -67,7 +67,7 @@ fn stream_jsonl<T>(
 fn read_jsonl<T>(
     path: &Path,
     on_bad: OnBadRow,
-    parse: impl FnMut(serde_json::Value) -> std::result::Result<T, String>,
+    parse: impl FnMut(&serde_json::Value) -> std::result::Result<T, String>,
 ) -> Result<Loaded<T>> {
     let mut out = Loaded { items: Vec::new(), bad_rows: Vec::new() };
     for row in stream_jsonl(path, parse)? {

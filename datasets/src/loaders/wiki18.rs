@@ -7,9 +7,9 @@ use super::{Loaded, OnBadRow, read_jsonl, str_field, stream_jsonl, write_jsonl};
 use crate::error::{Result, RowError};
 use crate::types::Passage;
 
-fn passage(v: serde_json::Value) -> std::result::Result<Passage, String> {
-    let id = str_field(&v, "id")?;
-    let contents = str_field(&v, "contents")?;
+fn passage(v: &serde_json::Value) -> std::result::Result<Passage, String> {
+    let id = str_field(v, "id")?;
+    let contents = str_field(v, "contents")?;
     Ok(Passage::from_contents(id, &contents))
 }
 

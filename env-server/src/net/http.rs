@@ -23,13 +23,26 @@ use grove_protocol::ErrorCode;
 
 type Body = Full<Bytes>;
 
+/// Serve one TCP connection until it closes or the server shuts down (keep-alive connections
+/// are closed gracefully then, so that shutdown does not wait on idle HTTP clients).
 pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+    let mut shutdown = ctx.shutdown.clone();
     let service = hyper::service::service_fn(move |req| route(req, ctx.clone()));
     let conn = hyper::server::conn::http1::Builder::new()
         .max_buf_size(64 * 1024)
+        .header_read_timeout(std::time::Duration::from_secs(30))
+        .timer(hyper_util::rt::TokioTimer::new())
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { shutdown.wait_for(|stop| *stop).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "http connection ended with an error");
     }
 }
@@ -41,8 +54,9 @@ fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes
     r
 }
 
-/// A JSON error body with the protocol's error code.
-fn error(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response<Body> {
+/// A JSON error body with the protocol's error code, counted in the metrics.
+fn error(ctx: &Ctx, status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response<Body> {
+    ctx.metrics.error(code);
     let body = json!({ "error": { "code": code.name(), "message": message.into() } });
     respond(status, "application/json", body.to_string())
 }
@@ -72,9 +86,8 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
 
 async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Body>, Infallible> {
     if !authorised(&ctx, &req) {
-        ctx.metrics.error(ErrorCode::Unauthorized);
         tracing::debug!(path = req.uri().path(), "rejected: missing or wrong bearer token");
-        let mut r = error(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "missing or wrong bearer token");
+        let mut r = error(&ctx, StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "missing or wrong bearer token");
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return Ok(r);
     }
@@ -90,16 +103,16 @@ async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Bod
         }
         (&Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", ctx.metrics.render()),
         (_, "/retrieve" | "/health" | "/metrics") => {
-            error(StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MalformedFrame, "method not allowed")
+            error(&ctx, StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MalformedFrame, "method not allowed")
         }
-        (_, path) => error(StatusCode::NOT_FOUND, ErrorCode::MalformedFrame, format!("no route {path}")),
+        (_, path) => error(&ctx, StatusCode::NOT_FOUND, ErrorCode::MalformedFrame, format!("no route {path}")),
     };
     Ok(response)
 }
 
 fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
     let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).map(|k| derive_accept_key(k.as_bytes())) else {
-        return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "missing Sec-WebSocket-Key");
+        return error(&ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "missing Sec-WebSocket-Key");
     };
     let slot = ctx.connection_slots.clone().try_acquire_owned().ok();
     let on_upgrade = hyper::upgrade::on(req);
@@ -133,6 +146,7 @@ async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         Ok(b) => b.to_bytes(),
         Err(_) => {
             return error(
+                ctx,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 ErrorCode::FrameTooLarge,
                 format!("body over {} bytes", limits.max_frame_bytes),
@@ -141,20 +155,28 @@ async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     };
     let parsed: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, format!("invalid JSON: {e}")),
+        Err(e) => return error(ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, format!("invalid JSON: {e}")),
     };
     let queries: Vec<String> = match (parsed.get("queries"), parsed.get("query")) {
         (Some(Value::Array(qs)), _) => match qs.iter().map(|q| q.as_str().map(str::to_owned)).collect() {
             Some(qs) => qs,
-            None => return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "`queries` must hold strings"),
+            None => {
+                return error(ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "`queries` must hold strings");
+            }
         },
         (None, Some(Value::String(q))) => vec![q.clone()],
         _ => {
-            return error(StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "expected `queries` (list) or `query`");
+            return error(
+                ctx,
+                StatusCode::BAD_REQUEST,
+                ErrorCode::MalformedFrame,
+                "expected `queries` (list) or `query`",
+            );
         }
     };
     if queries.len() > limits.max_retrieve_queries {
         return error(
+            ctx,
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::BatchTooLarge,
             format!("{} queries; the limit is {}", queries.len(), limits.max_retrieve_queries),
@@ -162,6 +184,7 @@ async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     }
     if let Some(q) = queries.iter().find(|q| q.chars().count() > limits.max_query_chars) {
         return error(
+            ctx,
             StatusCode::BAD_REQUEST,
             ErrorCode::ActionTooLong,
             format!("query of {} characters; the limit is {}", q.chars().count(), limits.max_query_chars),
@@ -182,8 +205,7 @@ async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     let hits = match ctx.backends.default_backend().search(queries, topk).await {
         Ok(h) => h,
         Err(e) => {
-            ctx.metrics.error(ErrorCode::BackendError);
-            return error(StatusCode::BAD_GATEWAY, ErrorCode::BackendError, e.to_string());
+            return error(ctx, StatusCode::BAD_GATEWAY, ErrorCode::BackendError, e.to_string());
         }
     };
     ctx.metrics.search_latency.observe(started.elapsed());

@@ -118,7 +118,7 @@ pub async fn run(
         let handle = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name("grove-sim".into())
-            .spawn(move || drive(sim, driver_rx, backends, metrics, handle))?
+            .spawn(move || drive(sim, driver_rx, &backends, &metrics, &handle))?
     };
     let welcome = Welcome {
         protocol_version: grove_protocol::PROTOCOL_VERSION,
@@ -159,9 +159,10 @@ pub async fn run(
     drop(ctx);
     // Connection tasks see the stop signal, send their last replies and drop their senders; the
     // sim thread ends when every sender is gone and no search is out.
-    tokio::task::spawn_blocking(move || sim_thread.join()).await.map_err(|_| ServerError::SimThread)?.map_err(|_| {
-        ServerError::SimThread
-    })?;
+    tokio::task::spawn_blocking(move || sim_thread.join())
+        .await
+        .map_err(|_| ServerError::SimThread)?
+        .map_err(|_| ServerError::SimThread)?;
     Ok(())
 }
 
@@ -169,9 +170,9 @@ pub async fn run(
 fn drive(
     mut sim: Sim,
     mut inputs: mpsc::Receiver<DriverInput>,
-    backends: Backends,
-    metrics: Arc<Metrics>,
-    handle: tokio::runtime::Handle,
+    backends: &Backends,
+    metrics: &Metrics,
+    handle: &tokio::runtime::Handle,
 ) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_time().build() else {
         tracing::error!("cannot start the sim thread's timer runtime");
@@ -196,11 +197,11 @@ fn drive(
             }
         });
         let Some(first) = first else { continue };
-        inputs_open &= apply(first, &mut sim, &mut conns, &metrics);
+        inputs_open &= apply(first, &mut sim, &mut conns, metrics);
         let mut drained = 0;
         while drained < MAX_DRAIN {
             let Ok(done) = search_rx.try_recv() else { break };
-            apply(Wake::Search(done), &mut sim, &mut conns, &metrics);
+            apply(Wake::Search(done), &mut sim, &mut conns, metrics);
             drained += 1;
         }
         while drained < MAX_DRAIN && inputs_open {
@@ -209,12 +210,12 @@ fn drive(
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => Wake::InputsClosed,
             };
-            inputs_open &= apply(wake, &mut sim, &mut conns, &metrics);
+            inputs_open &= apply(wake, &mut sim, &mut conns, metrics);
             drained += 1;
         }
         let out = sim.tick(Instant::now());
         for reply in out.replies {
-            count_errors(&reply.envelope.msg, &metrics);
+            count_errors(&reply.envelope.msg, metrics);
             if let Some(latency) = reply.latency {
                 metrics.step_latency.observe(latency);
             }

@@ -117,7 +117,7 @@ where
             }
         };
         if bytes.len() > limits.max_frame_bytes {
-            let id = decode_request(&bytes).err().and_then(|e| e.id);
+            let id = grove_protocol::peek_id(&bytes);
             let r = error_reply(
                 id,
                 ErrorCode::FrameTooLarge,
@@ -141,15 +141,24 @@ where
             (Request::Hello(h), false) if h.protocol_version == grove_protocol::PROTOCOL_VERSION => {
                 handshaken = true;
                 tracing::debug!(conn, client = %h.client, "handshake");
-                Some(Outgoing { envelope: grove_protocol::Envelope::new(env.id, Response::Welcome(ctx.welcome.clone())), counted: false })
+                Some(Outgoing {
+                    envelope: grove_protocol::Envelope::new(env.id, Response::Welcome(ctx.welcome.clone())),
+                    counted: false,
+                })
             }
             (Request::Hello(h), false) => Some(error_reply(
                 Some(env.id),
                 ErrorCode::UnsupportedVersion,
-                format!("protocol version {} is not supported; this server speaks {}", h.protocol_version, grove_protocol::PROTOCOL_VERSION),
+                format!(
+                    "protocol version {} is not supported; this server speaks {}",
+                    h.protocol_version,
+                    grove_protocol::PROTOCOL_VERSION
+                ),
             )),
             (_, false) => Some(error_reply(Some(env.id), ErrorCode::HandshakeRequired, "send Hello first")),
-            (Request::Hello(_), true) => Some(error_reply(Some(env.id), ErrorCode::HandshakeRequired, "Hello was already sent")),
+            (Request::Hello(_), true) => {
+                Some(error_reply(Some(env.id), ErrorCode::HandshakeRequired, "Hello was already sent"))
+            }
             (_, true) => None,
         };
         if let Some(r) = local {

@@ -134,7 +134,12 @@ impl LocalIndex {
         Self::open(&dir)
     }
 
-    fn build(corpus: &Path, dir: &Path, fingerprint: &str, progress: &mut dyn FnMut(BuildProgress)) -> Result<(), IndexError> {
+    fn build(
+        corpus: &Path,
+        dir: &Path,
+        fingerprint: &str,
+        progress: &mut dyn FnMut(BuildProgress),
+    ) -> Result<(), IndexError> {
         let dir_err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| IndexError::Dir { path, source }
@@ -155,7 +160,7 @@ impl LocalIndex {
             p.bytes_read += contents.len() as u64 + 24;
             p.passages += 1;
             writer.add_document(doc!(f.id => passage.id, f.contents => contents.clone(), f.text => contents))?;
-            if p.passages % 10_000 == 0 {
+            if p.passages.is_multiple_of(10_000) {
                 progress(p);
             }
         }

@@ -39,7 +39,9 @@ pub fn parse_tool(call: &ToolCall) -> Result<(Parsed, String), ErrorInfo> {
         match call.arguments.get(name) {
             Some(serde_json::Value::String(s)) => Ok(s.trim().to_string()),
             Some(other) => Ok(other.to_string()),
-            None => Err(ErrorInfo::new(ErrorCode::InvalidAction, format!("tool `{}` needs argument `{name}`", call.name))),
+            None => {
+                Err(ErrorInfo::new(ErrorCode::InvalidAction, format!("tool `{}` needs argument `{name}`", call.name)))
+            }
         }
     };
     let (kind, content) = match call.name.as_str() {
@@ -89,7 +91,10 @@ mod tests {
             arguments: [(k.to_string(), v)].into_iter().collect(),
         };
         let (p, text) = parse_tool(&call("search", "query", " rivers ".into())).unwrap();
-        assert_eq!((p.kind, p.content.as_str(), text.as_str()), (ActionKind::Search, "rivers", "<search> rivers </search>"));
+        assert_eq!(
+            (p.kind, p.content.as_str(), text.as_str()),
+            (ActionKind::Search, "rivers", "<search> rivers </search>")
+        );
         let (p, _) = parse_tool(&call("answer", "answer", 1788.into())).unwrap();
         assert_eq!(p.content, "1788");
         assert_eq!(parse_tool(&call("open", "url", "x".into())).unwrap_err().code, ErrorCode::InvalidAction);

@@ -109,7 +109,7 @@ pub struct Inbox(pub Vec<Incoming>);
 pub enum Incoming {
     Request { conn: ConnId, id: RequestId, request: grove_protocol::Request },
     Disconnected(ConnId),
-    SearchDone { batch: BatchId, result: Result<Vec<Vec<Hit>>, SearchError> },
+    SearchDone { batch: BatchId, result: SearchResult },
 }
 
 /// What a tick produced for the outside world.
@@ -138,7 +138,10 @@ pub struct SearchBatch {
 
 /// Search results delivered since the last tick, by batch.
 #[derive(Resource, Debug, Default)]
-pub struct SearchInbox(pub Vec<(BatchId, Result<Vec<Vec<Hit>>, SearchError>)>);
+pub struct SearchInbox(pub Vec<(BatchId, SearchResult)>);
+
+/// One result list per query of a batch, or the batch's failure.
+pub type SearchResult = Result<Vec<Vec<Hit>>, SearchError>;
 
 /// Searches queued this tick, by (backend, topk).
 #[derive(Resource, Debug, Default)]
@@ -169,11 +172,11 @@ pub struct OpenStep {
 
 impl Steps {
     pub fn fill(&mut self, step: StepKey, slot: usize, result: Result<Observation, ErrorInfo>) {
-        if let Some(open) = self.open.get_mut(&step) {
-            if let Some(s) = open.slots.get_mut(slot).filter(|s| s.is_none()) {
-                *s = Some(result);
-                open.remaining -= 1;
-            }
+        if let Some(open) = self.open.get_mut(&step)
+            && let Some(s) = open.slots.get_mut(slot).filter(|s| s.is_none())
+        {
+            *s = Some(result);
+            open.remaining -= 1;
         }
     }
 

@@ -135,19 +135,117 @@ impl Sim {
     /// Bytes of components plus unshared history for one episode: what a fork costs.
     pub fn episode_bytes(&self, episode: grove_protocol::EpisodeId) -> Option<usize> {
         let entity = *self.world.resource::<Directory>().by_id.get(&episode)?;
-        let history = systems::history_of(&self.world, entity)?;
-        let components = size_of::<(
-            EpisodeKey,
-            Task,
-            History,
-            Turns,
-            Phase,
-            LineageC,
-            Owner,
-            Clock,
-            Outcome,
-            Settings,
-        )>();
-        Some(components + history.unshared_bytes())
+        // Measured on the world's own handle: a cloned handle would share every node.
+        let history = self.world.get::<History>(entity)?.0.unshared_bytes();
+        let components =
+            size_of::<(EpisodeKey, Task, History, Turns, Phase, LineageC, Owner, Clock, Outcome, Settings)>();
+        Some(components + history)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use grove_protocol::*;
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn sim() -> Sim {
+        let mut config = ServerConfig::default();
+        config.limits.max_turns = 100;
+        config.limits.idle_timeout_secs = 60;
+        Sim::new(config.limits, &config.episodes, vec!["local".into()])
+    }
+
+    fn task() -> TaskSpec {
+        TaskSpec {
+            question: "q".into(),
+            golden_answers: vec!["a".into()],
+            data_source: "nq".into(),
+            task_id: None,
+            metric: None,
+        }
+    }
+
+    /// Create one episode and take `depth` invalid-action steps (no search needed).
+    fn episode_at_depth(sim: &mut Sim, depth: u32) -> EpisodeId {
+        let opts = EpisodeOptions { max_turns: Some(depth + 5), ..Default::default() };
+        sim.submit(1, 1, Request::CreateEpisodes(CreateEpisodes { tasks: vec![task()], options: opts }));
+        let out = sim.tick(Instant::now());
+        let Response::EpisodesCreated(c) = &out.replies[0].envelope.msg else { panic!("{out:?}") };
+        let id = c.episodes[0].as_ref().unwrap().episode;
+        for s in 0..depth {
+            let a = StepAction { episode: id, action: Action::Text(format!("step {s} with some words of text")) };
+            sim.submit(1, 2, Request::Step(Step { actions: vec![a] }));
+            sim.tick(Instant::now());
+        }
+        id
+    }
+
+    fn fork_children(sim: &mut Sim, episode: EpisodeId, at_step: u32, n: u32) -> Vec<EpisodeId> {
+        sim.submit(1, 3, Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step, n }] }));
+        let out = sim.tick(Instant::now());
+        let Response::Forked(f) = &out.replies[0].envelope.msg else { panic!("{out:?}") };
+        f.results[0].as_ref().unwrap().children.clone()
+    }
+
+    #[test]
+    fn a_fork_costs_the_same_at_depth_1_and_50() {
+        let mut s = sim();
+        let shallow = episode_at_depth(&mut s, 1);
+        let deep = episode_at_depth(&mut s, 50);
+        // Before forking, each parent owns its whole history.
+        assert!(s.episode_bytes(deep).unwrap() > s.episode_bytes(shallow).unwrap() + 49 * 40);
+        let a = fork_children(&mut s, shallow, 1, 10);
+        let b = fork_children(&mut s, deep, 50, 10);
+        let bytes_a = s.episode_bytes(a[0]).unwrap();
+        let bytes_b = s.episode_bytes(b[0]).unwrap();
+        assert_eq!(bytes_a, bytes_b, "a child owns no history of its own");
+        assert!(bytes_a < 1024, "{bytes_a} bytes per child");
+        // Afterwards the history is shared: nobody owns it alone.
+        assert_eq!(s.episode_bytes(deep).unwrap(), bytes_b);
+        assert_eq!(s.transcript_of(b[0]).unwrap().len(), 50);
+        assert_eq!(s.stats().forks, 20);
+    }
+
+    #[test]
+    fn idle_episodes_are_reaped_and_active_ones_kept() {
+        let mut s = sim();
+        let idle = episode_at_depth(&mut s, 0);
+        let t0 = Instant::now();
+        s.tick(t0 + Duration::from_secs(30));
+        assert_eq!(s.live_episodes(), 1);
+        // Touch a second episode later; only the first goes idle.
+        let busy = episode_at_depth(&mut s, 0);
+        assert_ne!(idle, busy);
+        let a = StepAction { episode: busy, action: Action::Text("x".into()) };
+        s.submit(1, 9, Request::Step(Step { actions: vec![a] }));
+        s.tick(t0 + Duration::from_secs(50));
+        s.tick(t0 + Duration::from_secs(61));
+        assert_eq!(s.live_episodes(), 1);
+        assert_eq!(s.stats().episodes_reaped, 1);
+        assert!(s.transcript_of(idle).is_none() && s.transcript_of(busy).is_some());
+    }
+
+    #[test]
+    fn a_closed_episode_with_a_search_in_flight_is_answered() {
+        let mut s = sim();
+        let e = episode_at_depth(&mut s, 0);
+        let a = StepAction { episode: e, action: Action::Text("<search> q </search>".into()) };
+        s.submit(1, 10, Request::Step(Step { actions: vec![a] }));
+        let out = s.tick(Instant::now());
+        assert_eq!(out.searches.len(), 1);
+        assert!(out.replies.is_empty(), "the step waits for its search");
+        s.submit(1, 11, Request::Close(Close { episodes: vec![e] }));
+        let out = s.tick(Instant::now());
+        // The close is answered, and the step whose episode vanished is answered with an error.
+        let ids: Vec<u64> = out.replies.iter().map(|r| r.envelope.id).collect();
+        assert!(ids.contains(&10) && ids.contains(&11), "{ids:?}");
+        s.deliver_search(out.searches.first().map_or(1, |b| b.id), Ok(vec![vec![]]));
+        let out = s.tick(Instant::now());
+        assert!(out.replies.is_empty());
+        assert_eq!(s.steps_in_flight(), 0);
     }
 }

@@ -2,8 +2,9 @@
 //! results -> resolve actions -> queue searches into batches -> score finished episodes -> fail
 //! steps whose episodes vanished -> emit replies -> reap idle episodes.
 
-// bevy system parameters (`Query`, `Res`, `Commands`) read better without their lifetimes.
-#![allow(elided_lifetimes_in_paths)]
+// bevy system parameters (`Query`, `Res`, `Commands`) are taken by value and read better without
+// their lifetimes.
+#![allow(elided_lifetimes_in_paths, clippy::needless_pass_by_value)]
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -63,20 +64,20 @@ fn handle_request(world: &mut World, conn: ConnId, id: RequestId, request: Reque
         Request::GetTranscript(t) => transcript(world, conn, t.episode),
         Request::Stats => Response::Stats(stats(world)),
         Request::Ping(p) => Response::Pong(p),
-        Request::Hello(_) => {
-            Response::Error(ErrorInfo::new(ErrorCode::HandshakeRequired, "Hello is only valid once, as the first request"))
-        }
+        Request::Hello(_) => Response::Error(ErrorInfo::new(
+            ErrorCode::HandshakeRequired,
+            "Hello is only valid once, as the first request",
+        )),
     };
     world.resource_mut::<Outbox>().replies.push(reply(conn, id, msg));
 }
 
 /// The entity of `episode` if it exists and belongs to `conn`.
 fn owned(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
-    let entity = *world
-        .resource::<Directory>()
-        .by_id
-        .get(&episode)
-        .ok_or_else(|| ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}")))?;
+    let entity =
+        *world.resource::<Directory>().by_id.get(&episode).ok_or_else(|| {
+            ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}"))
+        })?;
     match world.get::<Owner>(entity) {
         Some(Owner(o)) if *o == conn => Ok(entity),
         _ => Err(ErrorInfo::for_episode(ErrorCode::NotOwner, episode, "the episode belongs to another connection")),
@@ -104,7 +105,8 @@ fn capacity_error(world: &World, conn: ConnId, n: usize) -> Option<ErrorInfo> {
 }
 
 fn batch_error(what: &str, n: usize, max: usize) -> Option<ErrorInfo> {
-    (n > max).then(|| ErrorInfo::new(ErrorCode::BatchTooLarge, format!("{n} {what} in one request; the limit is {max}")))
+    (n > max)
+        .then(|| ErrorInfo::new(ErrorCode::BatchTooLarge, format!("{n} {what} in one request; the limit is {max}")))
 }
 
 fn new_episode_id(world: &mut World, conn: ConnId) -> EpisodeId {
@@ -202,7 +204,11 @@ fn step_intake(world: &mut World, conn: ConnId, id: RequestId, s: Step) {
     for (slot, a) in s.actions.into_iter().enumerate() {
         let checked = owned(world, conn, a.episode).and_then(|entity| {
             if !seen.insert(a.episode) {
-                return Err(ErrorInfo::for_episode(ErrorCode::DuplicateEpisode, a.episode, "episode appears twice in one Step"));
+                return Err(ErrorInfo::for_episode(
+                    ErrorCode::DuplicateEpisode,
+                    a.episode,
+                    "episode appears twice in one Step",
+                ));
             }
             match world.get::<Phase>(entity) {
                 Some(Phase::Done) => {
@@ -226,7 +232,9 @@ fn step_intake(world: &mut World, conn: ConnId, id: RequestId, s: Step) {
             }
             let len = match &a.action {
                 Action::Text(t) => t.chars().count(),
-                Action::Tool(call) => call.name.len() + call.arguments.values().map(|v| v.to_string().len()).sum::<usize>(),
+                Action::Tool(call) => {
+                    call.name.len() + call.arguments.values().map(|v| v.to_string().len()).sum::<usize>()
+                }
             };
             if len > limits.max_action_chars {
                 return Err(ErrorInfo::for_episode(
@@ -262,7 +270,12 @@ fn fork(world: &mut World, conn: ConnId, f: Fork) -> Response {
     Response::Forked(Forked { results })
 }
 
-fn fork_one(world: &mut World, conn: ConnId, spec: &ForkSpec, now: std::time::Instant) -> Result<ForkResult, ErrorInfo> {
+fn fork_one(
+    world: &mut World,
+    conn: ConnId,
+    spec: &ForkSpec,
+    now: std::time::Instant,
+) -> Result<ForkResult, ErrorInfo> {
     let parent = owned(world, conn, spec.episode)?;
     if spec.n == 0 {
         return Err(ErrorInfo::for_episode(ErrorCode::InvalidStep, spec.episode, "a fork needs n >= 1"));
@@ -333,12 +346,12 @@ fn remove(world: &mut World, episode: EpisodeId, entity: Entity) {
     world.despawn(entity);
     let mut dir = world.resource_mut::<Directory>();
     dir.by_id.remove(&episode);
-    if let Some(conn) = owner {
-        if let Some(n) = dir.per_conn.get_mut(&conn) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                dir.per_conn.remove(&conn);
-            }
+    if let Some(conn) = owner
+        && let Some(n) = dir.per_conn.get_mut(&conn)
+    {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            dir.per_conn.remove(&conn);
         }
     }
 }
@@ -472,7 +485,11 @@ pub fn resolve_actions(
             let chars = parsed.content.chars().count();
             if chars > settings.limits.max_query_chars {
                 let msg = format!("query of {chars} characters; the limit is {}", settings.limits.max_query_chars);
-                steps.fill(pending.step, pending.slot, Err(ErrorInfo::for_episode(ErrorCode::ActionTooLong, key.0, msg)));
+                steps.fill(
+                    pending.step,
+                    pending.slot,
+                    Err(ErrorInfo::for_episode(ErrorCode::ActionTooLong, key.0, msg)),
+                );
                 continue;
             }
             queue.0.entry((cfg.backend, cfg.topk)).or_default().push((entity, parsed.content.clone()));
@@ -581,7 +598,11 @@ pub fn apply_search_results(
                     Err(e) => e.to_string(),
                     Ok(_) => "the backend returned fewer result lists than queries".to_string(),
                 };
-                steps.fill(awaiting.step, awaiting.slot, Err(ErrorInfo::for_episode(ErrorCode::BackendError, key.0, why)));
+                steps.fill(
+                    awaiting.step,
+                    awaiting.slot,
+                    Err(ErrorInfo::for_episode(ErrorCode::BackendError, key.0, why)),
+                );
                 continue;
             };
             let obs = record_step(
@@ -615,7 +636,8 @@ pub fn score_finished(
     for (entity, fin, task, history, mut outcome) in &mut finished {
         commands.entity(entity).remove::<Finished>();
         let response = history.0.response_text();
-        let r = compute_reward(Scored::Response(&response), &task.0.spec.golden_answers, task.0.metric, settings.reward);
+        let r =
+            compute_reward(Scored::Response(&response), &task.0.spec.golden_answers, task.0.metric, settings.reward);
         let reward = Reward {
             score: r.score,
             metric: match task.0.metric {
@@ -673,7 +695,11 @@ pub fn fail_orphaned_steps(mut steps: ResMut<Steps>, episodes: Query<&AwaitingSe
             .map(|(slot, _)| slot)
             .collect();
         for slot in missing {
-            steps.fill(key, slot, Err(ErrorInfo::new(ErrorCode::UnknownEpisode, "the episode was closed during its step")));
+            steps.fill(
+                key,
+                slot,
+                Err(ErrorInfo::new(ErrorCode::UnknownEpisode, "the episode was closed during its step")),
+            );
         }
     }
 }

@@ -109,7 +109,12 @@ mod tests {
     use super::*;
 
     fn step(i: usize) -> StepRecord {
-        StepRecord { action: format!("a{i}"), kind: ActionKind::Search, content: format!("q{i}"), observation: format!("o{i}") }
+        StepRecord {
+            action: format!("a{i}"),
+            kind: ActionKind::Search,
+            content: format!("q{i}"),
+            observation: format!("o{i}"),
+        }
     }
 
     #[test]
@@ -147,7 +152,12 @@ mod tests {
     fn very_long_chains_drop_without_recursion() {
         let mut t = Transcript::default();
         for i in 0..200_000 {
-            t = t.push(StepRecord { action: String::new(), kind: ActionKind::Invalid, content: String::new(), observation: i.to_string() });
+            t = t.push(StepRecord {
+                action: String::new(),
+                kind: ActionKind::Invalid,
+                content: String::new(),
+                observation: i.to_string(),
+            });
         }
         drop(t);
     }

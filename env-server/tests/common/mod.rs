@@ -32,7 +32,12 @@ impl TestServer {
         Self::start_with(config, Backends::new("local", Arc::new(index.clone())), index, dir).await
     }
 
-    pub async fn start_with(config: ServerConfig, backends: Backends, index: LocalIndex, dir: tempfile::TempDir) -> TestServer {
+    pub async fn start_with(
+        config: ServerConfig,
+        backends: Backends,
+        index: LocalIndex,
+        dir: tempfile::TempDir,
+    ) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -1,0 +1,225 @@
+//! Bad input gets a typed error with the request id when it can be read, and the server and its
+//! other clients carry on.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, em_task};
+use futures_util::{SinkExt, StreamExt};
+use grove_env_server::config::ServerConfig;
+use grove_protocol::client::{Client, ClientOptions};
+use grove_protocol::*;
+use tokio_tungstenite::tungstenite::Message;
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn raw(server: &TestServer) -> Ws {
+    tokio_tungstenite::connect_async(server.url()).await.unwrap().0
+}
+
+async fn send(ws: &mut Ws, msg: Message) -> Envelope<Response> {
+    ws.send(msg).await.unwrap();
+    recv(ws).await
+}
+
+async fn recv(ws: &mut Ws) -> Envelope<Response> {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), ws.next()).await.unwrap().unwrap().unwrap();
+        if let Message::Binary(b) = m {
+            return decode_response(&b).unwrap();
+        }
+    }
+}
+
+fn frame(id: u64, msg: Request) -> Message {
+    Message::Binary(encode(&Envelope::new(id, msg)).unwrap().into())
+}
+
+fn err_of(env: &Envelope<Response>) -> (u64, ErrorCode) {
+    match &env.msg {
+        Response::Error(e) => (env.id, e.code),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn hello() -> Request {
+    Request::Hello(Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into() })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversize_frames_are_typed_errors() {
+    let mut config = ServerConfig::default();
+    config.limits.max_frame_bytes = 4096;
+    let server = TestServer::start(config).await;
+    let good = server.client().await;
+    let mut ws = raw(&server).await;
+
+    // Before Hello: handshake_required, with the id.
+    assert_eq!(err_of(&send(&mut ws, frame(5, Request::Stats)).await), (5, ErrorCode::HandshakeRequired));
+    // Wrong version.
+    let v2 = Request::Hello(Hello { protocol_version: 2, client: "x".into() });
+    assert_eq!(err_of(&send(&mut ws, frame(6, v2)).await), (6, ErrorCode::UnsupportedVersion));
+    assert!(matches!(send(&mut ws, frame(7, hello())).await.msg, Response::Welcome(_)));
+    assert_eq!(err_of(&send(&mut ws, frame(8, hello())).await), (8, ErrorCode::HandshakeRequired));
+
+    // Garbage: no id can be read.
+    assert_eq!(
+        err_of(&send(&mut ws, Message::Binary(vec![0xc1, 0x00, 0xff].into())).await),
+        (0, ErrorCode::MalformedFrame)
+    );
+    // A readable id with an unknown request: the id comes back.
+    let bogus = rmp_serde::to_vec_named(&Envelope::new(9u64, serde_json::json!({"Teleport": {"to": "mars"}}))).unwrap();
+    assert_eq!(err_of(&send(&mut ws, Message::Binary(bogus.into())).await), (9, ErrorCode::MalformedFrame));
+    // Wrong field types.
+    let wrong =
+        rmp_serde::to_vec_named(&Envelope::new(10u64, serde_json::json!({"Fork": {"forks": "all of them"}}))).unwrap();
+    assert_eq!(err_of(&send(&mut ws, Message::Binary(wrong.into())).await), (10, ErrorCode::MalformedFrame));
+    // A text frame.
+    assert_eq!(err_of(&send(&mut ws, Message::Text("{\"id\": 1}".into())).await).1, ErrorCode::UnsupportedFrame);
+    // Over the frame limit but under the hard cap: typed error with the id, connection lives.
+    let big = Request::Step(Step { actions: vec![StepAction { episode: 1, action: Action::Text("x".repeat(6000)) }] });
+    assert_eq!(err_of(&send(&mut ws, frame(11, big)).await), (11, ErrorCode::FrameTooLarge));
+    // The connection still works after all of that.
+    assert!(matches!(
+        send(&mut ws, frame(12, Request::Ping(Ping { nonce: 3 }))).await.msg,
+        Response::Pong(Ping { nonce: 3 })
+    ));
+    // Far over every cap: the server answers, then closes this connection only.
+    let huge = vec![0x90u8; 200_000];
+    assert_eq!(err_of(&send(&mut ws, Message::Binary(huge.into())).await).1, ErrorCode::FrameTooLarge);
+
+    // The other client never noticed.
+    assert_eq!(good.ping(77).await.unwrap(), 77);
+    let ep = good.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
+    assert!(!good.step_text(ep.episode, "<search> Ada Kerrigan </search>").await.unwrap().text.is_empty());
+    // And the errors were counted.
+    let stats = good.stats().await.unwrap();
+    assert!(stats.connections >= 1);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_episodes_and_ownership() {
+    let server = TestServer::start(ServerConfig::default()).await;
+    let (a, b) = (server.client().await, server.client().await);
+    let ep = a.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
+    let r = a.step(vec![StepAction { episode: 999, action: Action::Text("x".into()) }]).await.unwrap();
+    let e = r[0].clone().unwrap_err();
+    assert_eq!((e.code, e.episode), (ErrorCode::UnknownEpisode, Some(999)));
+    // b cannot step, fork, close or read a's episode.
+    let r = b.step(vec![StepAction { episode: ep, action: Action::Text("x".into()) }]).await.unwrap();
+    assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::NotOwner);
+    assert_eq!(
+        b.fork(vec![ForkSpec { episode: ep, at_step: 0, n: 1 }]).await.unwrap()[0].clone().unwrap_err().code,
+        ErrorCode::NotOwner
+    );
+    assert_eq!(b.close(vec![ep]).await.unwrap()[0].clone().unwrap_err().code, ErrorCode::NotOwner);
+    assert_eq!(b.transcript(ep).await.unwrap_err().code(), Some(ErrorCode::NotOwner));
+    // The same episode twice in one Step.
+    let twice = vec![
+        StepAction { episode: ep, action: Action::Text("a".into()) },
+        StepAction { episode: ep, action: Action::Text("b".into()) },
+    ];
+    let r = a.step(twice).await.unwrap();
+    assert!(r[0].is_ok());
+    assert_eq!(r[1].clone().unwrap_err().code, ErrorCode::DuplicateEpisode);
+    // Unknown tool.
+    let call = ToolCall { name: "teleport".into(), arguments: Default::default() };
+    let r = a.step(vec![StepAction { episode: ep, action: Action::Tool(call) }]).await.unwrap();
+    assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::InvalidAction);
+    // Unknown backend.
+    let opts = EpisodeOptions { backend: Some("bing".into()), ..Default::default() };
+    assert_eq!(a.create_episodes(vec![em_task()], opts).await.unwrap_err().code(), Some(ErrorCode::UnknownBackend));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_enforced_with_typed_errors() {
+    let mut config = ServerConfig::default();
+    config.limits.max_batch = 8;
+    config.limits.max_episodes_per_connection = 10;
+    config.limits.max_episodes_total = 14;
+    config.limits.max_forks_per_request = 5;
+    config.limits.max_action_chars = 200;
+    config.limits.max_query_chars = 20;
+    config.limits.max_turns = 5;
+    let server = TestServer::start(config).await;
+    let (a, b) = (server.client().await, server.client().await);
+    assert_eq!(a.welcome().limits.max_batch, 8);
+
+    let code = |r: Result<Vec<Result<EpisodeStart, ErrorInfo>>, client::ClientError>| r.unwrap_err().code();
+    assert_eq!(code(a.create_episodes(vec![em_task(); 9], Default::default()).await), Some(ErrorCode::BatchTooLarge));
+    let opts = EpisodeOptions { max_turns: Some(6), ..Default::default() };
+    assert_eq!(code(a.create_episodes(vec![em_task()], opts).await), Some(ErrorCode::BatchTooLarge));
+    let eps: Vec<_> = a.create_episodes(vec![em_task(); 8], Default::default()).await.unwrap();
+    let ep = eps[0].clone().unwrap().episode;
+    // Per connection: 8 held, 3 more would pass 10.
+    assert_eq!(code(a.create_episodes(vec![em_task(); 3], Default::default()).await), Some(ErrorCode::TooManyEpisodes));
+    // Total: b may create 6 (8 + 6 = 14) but not 7.
+    assert_eq!(code(b.create_episodes(vec![em_task(); 7], Default::default()).await), Some(ErrorCode::TooManyEpisodes));
+    // Forks: more than 5 children in one request.
+    let r = a.fork(vec![ForkSpec { episode: ep, at_step: 0, n: 6 }]).await;
+    assert_eq!(r.unwrap_err().code(), Some(ErrorCode::BatchTooLarge));
+    // Forks count against the episode limits too: 8 held + 3 > 10.
+    let r = a.fork(vec![ForkSpec { episode: ep, at_step: 0, n: 3 }]).await.unwrap();
+    assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::TooManyEpisodes);
+    // Action and query length.
+    let long = StepAction { episode: ep, action: Action::Text("x".repeat(201)) };
+    assert_eq!(a.step(vec![long]).await.unwrap()[0].clone().unwrap_err().code, ErrorCode::ActionTooLong);
+    let long_query =
+        StepAction { episode: ep, action: Action::Text("<search> a very long query indeed </search>".into()) };
+    assert_eq!(a.step(vec![long_query]).await.unwrap()[0].clone().unwrap_err().code, ErrorCode::ActionTooLong);
+    // The rejected steps were not counted as turns.
+    assert_eq!(a.transcript(ep).await.unwrap().steps.len(), 0);
+    assert_eq!(a.step_text(ep, "<search> Ada Kerrigan </search>").await.unwrap().step, 1);
+    // Closing frees room.
+    a.close(vec![ep]).await.unwrap();
+    assert!(a.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].is_ok());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_is_a_typed_error() {
+    let mut config = ServerConfig::default();
+    config.limits.max_connections = 2;
+    let server = TestServer::start(config).await;
+    let (_a, _b) = (server.client().await, server.client().await);
+    let mut third = raw(&server).await;
+    assert_eq!(err_of(&recv(&mut third).await).1, ErrorCode::TooManyConnections);
+    drop(_a);
+    // A slot frees up once the first connection is gone.
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(c) = Client::connect(&server.url(), ClientOptions::default()).await {
+            ok = c.ping(1).await.is_ok();
+            if ok {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_guards_websocket_and_http() {
+    grove_env_server::install_tls_provider();
+    let config = ServerConfig { token: Some("s3cret".into()), ..Default::default() };
+    let server = TestServer::start(config).await;
+    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None };
+    assert!(Client::connect(&server.url(), ClientOptions::default()).await.is_err());
+    assert!(Client::connect(&server.url(), with("wrong")).await.is_err());
+    let c = Client::connect(&server.url(), with("s3cret")).await.unwrap();
+    assert_eq!(c.ping(5).await.unwrap(), 5);
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"queries": ["Ada Kerrigan"], "topk": 1});
+    let r = http.post(server.http("/retrieve")).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http.get(server.http("/metrics")).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http.post(server.http("/retrieve")).bearer_auth("s3cret").json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    server.shutdown().await;
+}
