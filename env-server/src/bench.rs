@@ -73,6 +73,25 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     }
     let bm25_qps = n as f64 / t.elapsed().as_secs_f64();
     rows.push(Row("BM25 queries/s (backend alone, 1 thread, top-3)", format!("{bm25_qps:.0}"), ""));
+    // The mini-Wikipedia corpus of `cargo xtask assets`, when it is there.
+    let wiki = grove_datasets::assets::wiki_summaries_corpus();
+    if wiki.exists() && args.corpus.is_none() {
+        let wiki_index = {
+            let (c, i) = (wiki.clone(), dir.path().join("wiki-index"));
+            tokio::task::spawn_blocking(move || crate::open_local_index(&c, Some(&i))).await??
+        };
+        let wiki_queries = bench_queries(&wiki, 2_000)?;
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < Duration::from_secs(2) {
+            for chunk in wiki_queries.chunks(64) {
+                wiki_index.search_blocking(chunk, 3).context("bm25")?;
+                n += chunk.len();
+            }
+        }
+        let qps = n as f64 / t.elapsed().as_secs_f64();
+        rows.push(Row("BM25 queries/s, mini-Wikipedia (1 thread, top-3)", format!("{qps:.0}"), "10,033 passages"));
+    }
 
     // 2. Search steps over WebSocket.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
