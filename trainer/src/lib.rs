@@ -7,3 +7,4 @@
 //! through channels.
 
 pub mod device;
+pub mod model;
