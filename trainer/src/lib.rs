@@ -8,3 +8,4 @@
 
 pub mod device;
 pub mod model;
+pub mod tokenizer;
