@@ -7,5 +7,6 @@
 //! through channels.
 
 pub mod device;
+pub mod generate;
 pub mod model;
 pub mod tokenizer;

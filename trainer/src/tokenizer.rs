@@ -90,7 +90,7 @@ impl Tokenizer {
 
     /// Wrap an in-memory tokenizer with ChatML and the given special tokens.
     pub fn from_parts(inner: tokenizers::Tokenizer, eos_token: Option<String>, pad_token: Option<String>) -> Tokenizer {
-        Self::assemble(inner, CHATML.to_string(), None, eos_token, pad_token)
+        Self::assemble(inner, CHATML.to_string(), None, eos_token, pad_token.as_deref())
     }
 
     fn assemble(
@@ -98,7 +98,7 @@ impl Tokenizer {
         template: String,
         bos_token: Option<String>,
         eos_token: Option<String>,
-        pad_token: Option<String>,
+        pad_token: Option<&str>,
     ) -> Tokenizer {
         let mut eos_ids: Vec<u32> = eos_token.iter().filter_map(|t| inner.token_to_id(t)).collect();
         for t in ["<|im_end|>", "<|endoftext|>"] {
@@ -106,7 +106,7 @@ impl Tokenizer {
                 eos_ids.push(id);
             }
         }
-        let pad_id = pad_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let pad_id = pad_token.and_then(|t| inner.token_to_id(t));
         Tokenizer { inner, template, bos_token, eos_token, eos_ids, pad_id }
     }
 

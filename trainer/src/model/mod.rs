@@ -22,7 +22,7 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn new(vs: nn::Path<'_>, size: i64, eps: f64) -> Self {
+    fn new(vs: &nn::Path<'_>, size: i64, eps: f64) -> Self {
         Self { weight: vs.ones("weight", &[size]), eps }
     }
 
@@ -43,12 +43,12 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn new(vs: nn::Path<'_>, cfg: &ModelConfig) -> Self {
+    fn new(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Self {
         let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
         Self {
-            gate: nn::linear(&vs / "gate_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
-            up: nn::linear(&vs / "up_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
-            down: nn::linear(&vs / "down_proj", cfg.intermediate_size, cfg.hidden_size, no_bias),
+            gate: nn::linear(vs / "gate_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
+            up: nn::linear(vs / "up_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
+            down: nn::linear(vs / "down_proj", cfg.intermediate_size, cfg.hidden_size, no_bias),
         }
     }
 
@@ -102,6 +102,26 @@ impl KvCache {
         Some(KvCache { layers })
     }
 
+    /// Prepend zero positions so the cache holds `to` positions (for left-padded batches).
+    pub fn left_pad(&self, to: i64) -> KvCache {
+        let pad = |t: &Tensor| {
+            let mut size = t.size();
+            let missing = to - size[2];
+            if missing <= 0 {
+                return t.shallow_clone();
+            }
+            size[2] = missing;
+            Tensor::cat(&[&Tensor::zeros(size, (t.kind(), t.device())), t], 2)
+        };
+        KvCache { layers: self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (pad(k), pad(v)))).collect() }
+    }
+
+    /// Positions `start..start + len`, copied (so the larger tensor they came from can be freed).
+    pub fn narrow_positions(&self, start: i64, len: i64) -> KvCache {
+        let cut = |t: &Tensor| t.narrow(2, start, len).contiguous();
+        KvCache { layers: self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (cut(k), cut(v)))).collect() }
+    }
+
     /// A shallow handle to the same tensors (no copy): what a forked sequence starts from.
     pub fn share(&self) -> KvCache {
         KvCache {
@@ -126,15 +146,15 @@ struct Attention {
 }
 
 impl Attention {
-    fn new(vs: nn::Path<'_>, cfg: &ModelConfig) -> Self {
+    fn new(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Self {
         let qkv = nn::LinearConfig { bias: cfg.attention_bias, ..Default::default() };
         let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
         let (h, kvh, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         Self {
-            q: nn::linear(&vs / "q_proj", cfg.hidden_size, h * d, qkv),
-            k: nn::linear(&vs / "k_proj", cfg.hidden_size, kvh * d, qkv),
-            v: nn::linear(&vs / "v_proj", cfg.hidden_size, kvh * d, qkv),
-            o: nn::linear(&vs / "o_proj", h * d, cfg.hidden_size, no_bias),
+            q: nn::linear(vs / "q_proj", cfg.hidden_size, h * d, qkv),
+            k: nn::linear(vs / "k_proj", cfg.hidden_size, kvh * d, qkv),
+            v: nn::linear(vs / "v_proj", cfg.hidden_size, kvh * d, qkv),
+            o: nn::linear(vs / "o_proj", h * d, cfg.hidden_size, no_bias),
             heads: h,
             kv_heads: kvh,
             head_dim: d,
@@ -218,14 +238,18 @@ impl CausalLm {
             .map(|i| {
                 let l = &m / "layers" / i;
                 DecoderLayer {
-                    input_norm: RmsNorm::new(&l / "input_layernorm", config.hidden_size, config.rms_norm_eps),
-                    attn: Attention::new(&l / "self_attn", &config),
-                    post_norm: RmsNorm::new(&l / "post_attention_layernorm", config.hidden_size, config.rms_norm_eps),
-                    mlp: Mlp::new(&l / "mlp", &config),
+                    input_norm: RmsNorm::new(&(&l / "input_layernorm"), config.hidden_size, config.rms_norm_eps),
+                    attn: Attention::new(&(&l / "self_attn"), &config),
+                    post_norm: RmsNorm::new(
+                        &(&l / "post_attention_layernorm"),
+                        config.hidden_size,
+                        config.rms_norm_eps,
+                    ),
+                    mlp: Mlp::new(&(&l / "mlp"), &config),
                 }
             })
             .collect();
-        let norm = RmsNorm::new(&m / "norm", config.hidden_size, config.rms_norm_eps);
+        let norm = RmsNorm::new(&(&m / "norm"), config.hidden_size, config.rms_norm_eps);
         let lm_head = (!config.tie_word_embeddings).then(|| {
             nn::linear(
                 vs / "lm_head",
@@ -245,6 +269,15 @@ impl CausalLm {
 
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.layers.len())
+    }
+
+    /// A cache of `len` zero positions for one row (a sequence with nothing encoded yet, padded
+    /// into a batch; its positions are masked out).
+    pub fn zero_cache(&self, len: i64) -> KvCache {
+        let c = &self.config;
+        let kind = self.embed.ws.kind();
+        let z = || Tensor::zeros([1, c.num_key_value_heads, len, c.head_dim], (kind, self.device));
+        KvCache { layers: self.layers.iter().map(|_| Some((z(), z()))).collect() }
     }
 
     /// RoPE tables for `position_ids` `[batch, new]`: `[batch, 1, new, head_dim]` each, in `kind`.
@@ -290,7 +323,7 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             let h = layer.attn.forward(&layer.input_norm.forward(&x), &cos, &sin, &mask, slot);
-            x = x + h;
+            x += h;
             x = &x + layer.mlp.forward(&layer.post_norm.forward(&x));
         }
         self.norm.forward(&x)
