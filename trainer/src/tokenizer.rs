@@ -84,13 +84,13 @@ impl Tokenizer {
             template,
             token_field(&cfg, "bos_token"),
             token_field(&cfg, "eos_token"),
-            token_field(&cfg, "pad_token"),
+            token_field(&cfg, "pad_token").as_deref(),
         ))
     }
 
     /// Wrap an in-memory tokenizer with ChatML and the given special tokens.
-    pub fn from_parts(inner: tokenizers::Tokenizer, eos_token: Option<String>, pad_token: Option<String>) -> Tokenizer {
-        Self::assemble(inner, CHATML.to_string(), None, eos_token, pad_token.as_deref())
+    pub fn from_parts(inner: tokenizers::Tokenizer, eos_token: Option<String>, pad_token: Option<&str>) -> Tokenizer {
+        Self::assemble(inner, CHATML.to_string(), None, eos_token, pad_token)
     }
 
     fn assemble(
