@@ -8,5 +8,6 @@
 
 pub mod device;
 pub mod generate;
+pub mod logprobs;
 pub mod model;
 pub mod tokenizer;

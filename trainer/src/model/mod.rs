@@ -323,8 +323,9 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             let h = layer.attn.forward(&layer.input_norm.forward(&x), &cos, &sin, &mask, slot);
-            x += h;
-            x = &x + layer.mlp.forward(&layer.post_norm.forward(&x));
+            // Not `+=`: tch's `+=` is in place and would break autograd.
+            let after_attn = &x + h;
+            x = &after_attn + layer.mlp.forward(&layer.post_norm.forward(&after_attn));
         }
         self.norm.forward(&x)
     }
