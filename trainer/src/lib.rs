@@ -8,6 +8,8 @@
 
 pub mod device;
 pub mod generate;
+pub mod gguf;
+pub mod import;
 pub mod logprobs;
 pub mod model;
 pub mod tokenizer;
