@@ -34,3 +34,38 @@ fn smollm2_imports_and_knows_the_capital_of_france() {
     assert_eq!(out.finish, Finish::Eos, "the instruct model ends its turn: {:?}", out.text);
     eprintln!("SmolLM2 says: {}", out.text);
 }
+
+#[test]
+fn cli_import_then_generate() {
+    let gguf = assets::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask assets`", gguf.display());
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_trainer");
+    let status = std::process::Command::new(bin).arg("import-gguf").arg(&gguf).arg(dir.path()).status().unwrap();
+    assert!(status.success());
+    let out = std::process::Command::new(bin)
+        .args([
+            "generate",
+            "--chat",
+            "--max-new",
+            "20",
+            "--device",
+            "cpu",
+            "--prompt",
+            "What is the capital of France?",
+            "--model",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "The capital of France is Paris.");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokens/s"));
+    // A missing model folder is an error message, not a panic.
+    let bad = std::process::Command::new(bin)
+        .args(["generate", "--prompt", "x", "--model", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent"));
+}
