@@ -203,3 +203,41 @@ fn missing_and_misshapen_tensors_are_named() {
     std::fs::write(dir.path().join("config.json"), "{").unwrap();
     assert!(matches!(load_model(dir.path(), Device::Cpu, Kind::Float), Err(WeightsError::Config(_))));
 }
+
+#[test]
+fn sharded_checkpoints_load_like_single_files() {
+    let dir = checkpoint("llama3-tiny", "config.json");
+    let tensors = Tensor::read_safetensors(dir.path().join("model.safetensors")).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let (a, b): (Vec<_>, Vec<_>) = tensors.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mut map = serde_json::Map::new();
+    for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
+        let part: Vec<(String, Tensor)> = part.into_iter().map(|(_, t)| t).collect();
+        for (name, _) in &part {
+            map.insert(name.clone(), file.into());
+        }
+        Tensor::write_safetensors(&part, dir.path().join(file)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let (_vs, lm) = load(dir.path());
+    check_batch("llama3-tiny", &lm);
+    // A shard name that escapes the folder is refused.
+    let evil = serde_json::json!({"weight_map": {"lm_head.weight": "../x.safetensors"}});
+    std::fs::write(dir.path().join("model.safetensors.index.json"), evil.to_string()).unwrap();
+    assert!(load_model(dir.path(), Device::Cpu, Kind::Float).is_err());
+}
+
+#[test]
+fn bf16_weights_stay_close_to_f32() {
+    let dir = checkpoint("qwen2-tiny", "config.json");
+    let (_vs, lm) = load_model(dir.path(), Device::Cpu, Kind::BFloat16).unwrap();
+    let c = cases("qwen2-tiny");
+    let (ids, mask, pos) = (&c["batch.input_ids"], &c["batch.attention_mask"], &c["batch.position_ids"]);
+    let got = tch::no_grad(|| lm.forward(ids, pos, mask, None));
+    assert_eq!(got.kind(), Kind::Float, "logits come back in f32");
+    let want = &c["batch.logits"];
+    let scale = want.abs().max().double_value(&[]);
+    let err = max_abs_where(&got, want, &mask.unsqueeze(-1).expand_as(want));
+    assert!(err < 0.1 * scale, "bf16 error {err} at scale {scale}");
+}

@@ -299,7 +299,7 @@ impl CausalLm {
         let causal = k.le_tensor(&q);
         let keep = causal.logical_and(&attention_mask.to_kind(Kind::Bool).view([-1, 1, 1, total]));
         let low = match kind {
-            Kind::BFloat16 => -3.389_531_4e38,
+            Kind::BFloat16 => -3.389_531_389_251_535_5e38,
             Kind::Half => -65504.0,
             Kind::Double => f64::MIN,
             _ => f32::MIN as f64,
