@@ -6,6 +6,7 @@
 //! every tensor lives on one thread (tch `Tensor` is not `Sync`), other threads talk to it
 //! through channels.
 
+pub mod algo;
 pub mod bench;
 pub mod device;
 pub mod generate;
