@@ -14,4 +14,5 @@ pub mod gguf;
 pub mod import;
 pub mod logprobs;
 pub mod model;
+pub mod optim;
 pub mod tokenizer;
