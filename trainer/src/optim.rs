@@ -109,7 +109,7 @@ impl AdamW {
                 let update = (&*m / bc1) / denom;
                 let kind = p.kind();
                 let new = p.to_kind(Kind::Float) * (1.0 - lr * c.weight_decay) - update * lr;
-                let _ = p.copy_(&new.to_kind(kind));
+                p.copy_(&new.to_kind(kind));
             }
         });
         StepReport { grad_norm, applied: true }
