@@ -62,16 +62,8 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     eprintln!("corpus: {label}, {} documents", index.num_docs());
 
-    // 1. The backend alone, on one thread, then on the blocking pool as the server uses it.
-    let t = Instant::now();
-    let mut n = 0;
-    while t.elapsed() < Duration::from_secs(2) {
-        for chunk in queries.chunks(64) {
-            index.search_blocking(chunk, 3).context("bm25")?;
-            n += chunk.len();
-        }
-    }
-    let bm25_qps = n as f64 / t.elapsed().as_secs_f64();
+    // 1. The backend alone, on one thread.
+    let bm25_qps = bm25_queries_per_s(&index, &queries)?;
     rows.push(Row("BM25 queries/s (backend alone, 1 thread, top-3)", format!("{bm25_qps:.0}"), ""));
     // The mini-Wikipedia corpus of `cargo xtask assets`, when it is there.
     let wiki = grove_datasets::assets::wiki_summaries_corpus();
@@ -80,16 +72,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
             let (c, i) = (wiki.clone(), dir.path().join("wiki-index"));
             tokio::task::spawn_blocking(move || crate::open_local_index(&c, Some(&i))).await??
         };
-        let wiki_queries = bench_queries(&wiki, 2_000)?;
-        let t = Instant::now();
-        let mut n = 0;
-        while t.elapsed() < Duration::from_secs(2) {
-            for chunk in wiki_queries.chunks(64) {
-                wiki_index.search_blocking(chunk, 3).context("bm25")?;
-                n += chunk.len();
-            }
-        }
-        let qps = n as f64 / t.elapsed().as_secs_f64();
+        let qps = bm25_queries_per_s(&wiki_index, &bench_queries(&wiki, 2_000)?)?;
         rows.push(Row("BM25 queries/s, mini-Wikipedia (1 thread, top-3)", format!("{qps:.0}"), "10,033 passages"));
     }
 
@@ -166,6 +149,19 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
         println!("{name:<52} {value:>14}  {note}");
     }
     Ok(())
+}
+
+/// Top-3 BM25 queries per second on the calling thread, over two seconds.
+fn bm25_queries_per_s(index: &grove_env_server::search::LocalIndex, queries: &[String]) -> Result<f64> {
+    let t = Instant::now();
+    let mut n = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        for chunk in queries.chunks(64) {
+            index.search_blocking(chunk, 3).context("bm25")?;
+            n += chunk.len();
+        }
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Questions of the corpus's own titles, as search queries.
