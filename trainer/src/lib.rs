@@ -15,4 +15,5 @@ pub mod import;
 pub mod logprobs;
 pub mod model;
 pub mod optim;
+pub mod rollout;
 pub mod tokenizer;

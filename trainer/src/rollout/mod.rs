@@ -1,0 +1,3 @@
+//! Rollout structures (spec §2): the tree of agent steps a Tree-GRPO rollout grows.
+
+pub mod tree;
