@@ -184,15 +184,18 @@ impl Attention {
             }
             *slot = Some((k.shallow_clone(), v.shallow_clone()));
         }
+        // Grouped-query attention without copying keys and values: the `groups` query heads that
+        // share a KV head are stacked along the query axis, [b, kv_heads, groups * t, d].
         let groups = self.heads / self.kv_heads;
-        let (k, v) = if groups > 1 {
-            (k.repeat_interleave_self_int(groups, 1, None), v.repeat_interleave_self_int(groups, 1, None))
-        } else {
-            (k, v)
-        };
+        let q = q.reshape([b, self.kv_heads, groups * t, self.head_dim]);
+        let mask = if groups > 1 { mask.repeat([1, 1, groups, 1]) } else { mask.shallow_clone() };
         let scores = q.matmul(&k.transpose(-2, -1)) / (self.head_dim as f64).sqrt() + mask;
         let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
-        let out = probs.matmul(&v).transpose(1, 2).contiguous().view([b, t, self.heads * self.head_dim]);
+        let out = probs.matmul(&v).view([b, self.heads, t, self.head_dim]).transpose(1, 2).contiguous().view([
+            b,
+            t,
+            self.heads * self.head_dim,
+        ]);
         self.o.forward(&out)
     }
 }
