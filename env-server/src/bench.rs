@@ -132,7 +132,11 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
             "",
         ));
         rows.push(Row(
-            if depth == 1 { "bytes per forked episode, depth 1" } else { "bytes per forked episode, depth 50" },
+            if depth == 1 {
+                "heap bytes per forked episode, depth 1"
+            } else {
+                "heap bytes per forked episode, depth 50"
+            },
             format!("{bytes:.0}"),
             "",
         ));
@@ -268,6 +272,7 @@ async fn wire_forks(client: &Client, depth: u32) -> Result<(f64, usize)> {
 fn in_process_forks(depth: u32) -> (f64, f64) {
     let mut config = ServerConfig::default();
     config.limits.max_turns = 1_000;
+    config.limits.max_forks_per_request = 100_000;
     let mut sim = Sim::new(config.limits, &config.episodes, vec!["local".into()]);
     let conn = 1;
     let opts = EpisodeOptions { max_turns: Some(depth + 10), ..Default::default() };
@@ -279,22 +284,28 @@ fn in_process_forks(depth: u32) -> (f64, f64) {
         sim.submit(conn, 2 + s as u64, Request::Step(Step { actions: vec![action] }));
         sim.tick(Instant::now());
     }
-    // Warm the world's storage so growth of its tables is not charged to the measured forks.
-    let warm = 8_000;
-    sim.submit(conn, 10_000, Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step: depth, n: warm }] }));
-    sim.tick(Instant::now());
-    let forks = 4_000u32;
+    // Memory: heap growth over 50,000 forks from this state, amortised (the world's tables and
+    // the directory grow by doubling, so this includes their slack).
+    let n_bytes = 50_000u32;
     let before = alloc_counter::allocated();
-    let t = Instant::now();
-    for i in 0..(forks / 100) {
-        sim.submit(
-            conn,
-            20_000 + i as u64,
-            Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step: depth, n: 100 }] }),
-        );
+    for i in 0..(n_bytes / 500) {
+        let forks = vec![ForkSpec { episode, at_step: depth, n: 500 }];
+        sim.submit(conn, 10_000 + u64::from(i), Request::Fork(Fork { forks }));
         sim.tick(Instant::now());
     }
-    let elapsed = t.elapsed().as_secs_f64();
-    let bytes = alloc_counter::allocated().saturating_sub(before) as f64 / forks as f64;
+    let bytes = alloc_counter::allocated().saturating_sub(before) as f64 / f64::from(n_bytes);
+    // Time: best of three rounds of 4,000 forks (the machine is shared).
+    let forks = 4_000u32;
+    let mut best = f64::INFINITY;
+    for round in 0..3u64 {
+        let t = Instant::now();
+        for i in 0..(forks / 100) {
+            let id = 20_000 + round * 1_000 + u64::from(i);
+            sim.submit(conn, id, Request::Fork(Fork { forks: vec![ForkSpec { episode, at_step: depth, n: 100 }] }));
+            sim.tick(Instant::now());
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let elapsed = best;
     (forks as f64 / elapsed, bytes)
 }
