@@ -1,6 +1,6 @@
-//! Adds an rpath to the libtorch libraries, so that test and run binaries load them without
-//! `LD_LIBRARY_PATH`. LIBTORCH comes from `.cargo/config.toml` (set up by `cargo xtask setup`)
-//! or the environment; the path is canonicalised so that it survives moving the checkout.
+// Adds an rpath to the libtorch libraries, so that test and run binaries load them without
+// `LD_LIBRARY_PATH`. LIBTORCH comes from `.cargo/config.toml` (set up by `cargo xtask setup`)
+// or the environment; the path is canonicalised so that it survives moving the checkout.
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");

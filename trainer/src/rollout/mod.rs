@@ -1,3 +1,4 @@
 //! Rollout structures (spec §2): the tree of agent steps a Tree-GRPO rollout grows.
 
+pub mod agent;
 pub mod tree;

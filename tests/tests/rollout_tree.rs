@@ -1,0 +1,156 @@
+//! Tree and chain rollouts of a (randomly initialised) tiny Qwen2 policy against a real
+//! env-server over the synthetic world: tree shape, forks made on the server at the picked steps,
+//! observation tokens masked out of the loss, KV-prefix reuse.
+
+use std::sync::Arc;
+
+use grove_datasets::assets;
+use grove_datasets::synthetic::{World, WorldConfig};
+use grove_env_server::config::ServerConfig;
+use grove_env_server::search::LocalIndex;
+use grove_env_server::{Backends, run};
+use grove_trainer::generate::{Engine, SamplingParams};
+use grove_trainer::model::{CausalLm, ModelConfig};
+use grove_trainer::rollout::agent::{AgentConfig, EnvClient, Rollout, TreeShape, training_rows};
+use grove_trainer::tokenizer::Tokenizer;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+struct Server {
+    url: String,
+    _rt: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+fn server(world: &World) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("world.jsonl");
+    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
+    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
+    Server { url, _rt: rt, _dir: dir }
+}
+
+fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, CausalLm) {
+    tch::manual_seed(0);
+    let cfg = format!(
+        r#"{{"model_type": "qwen2", "vocab_size": {vocab}, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}}"#
+    );
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let lm = CausalLm::new(&vs.root(), ModelConfig::from_json(&cfg).unwrap());
+    (vs, lm)
+}
+
+#[test]
+fn tree_and_chain_rollouts_against_a_real_env_server() {
+    let tok_dir = assets::qwen25_tokenizer_dir();
+    assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
+    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    let (_vs, lm) = tiny_policy(tok.vocab_size());
+    let world = World::generate(&WorldConfig::default());
+    let srv = server(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let question = &world.questions(2, 1, 3)[0].example;
+    let task = grove_protocol::TaskSpec {
+        question: question.question.clone(),
+        golden_answers: question.golden_answers.clone(),
+        data_source: question.data_source.clone(),
+        task_id: Some(question.id.clone()),
+        metric: Some(grove_protocol::Metric::Em),
+    };
+    let config = AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 48,
+        max_response_tokens: 4096,
+        sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
+    };
+    let mut engine = Engine::new(&lm);
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+
+    // Tree (M, N, L, k) = (2, 2, 1, 3).
+    let shape = TreeShape { m: 2, n: 2, l: 1, k: 3 };
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
+    let rollout = r.run(&task, shape, &mut rng).unwrap();
+    let cost = r.cost;
+    assert_eq!(rollout.trees.len(), 2);
+    for tree in &rollout.trees {
+        assert_eq!(tree.leaves().len(), 1 + shape.n * shape.l, "one leaf per chain");
+        for leaf in tree.leaves() {
+            let path = tree.path(leaf);
+            assert!(path.len() <= config.max_turns as usize + 1, "at most max_turns + 1 steps");
+            assert!(path.last().unwrap().done && path.last().unwrap().reward.is_some());
+        }
+    }
+    assert_eq!(cost.forks, (shape.m * shape.n * shape.l) as u64);
+    // Every expansion forked the env episode at its node's step: the child's lineage says so.
+    let mut checked = 0;
+    for tree in &rollout.trees {
+        for id in 0..tree.len() {
+            let node = tree.node(id).unwrap();
+            let (Some(step), Some(parent)) = (node.step.as_ref(), node.parent) else { continue };
+            let parent_episode = tree.node(parent).and_then(|p| p.step.as_ref()).map(|p| (p.episode, p.env_step));
+            let first_chain = tree.node(0).unwrap().children.first() == Some(&id);
+            if first_chain || parent_episode.map(|(e, _)| e) == Some(step.episode) {
+                continue;
+            }
+            // First step of an expansion: its episode is a fork.
+            let t = env.block_on(env.client().transcript(step.episode)).unwrap();
+            let expected_step = parent_episode.map_or(0, |(_, s)| s);
+            assert_eq!(t.lineage.fork_step, Some(expected_step));
+            assert_eq!(t.lineage.depth, 1);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4);
+    let stats = env.block_on(env.client().stats()).unwrap();
+    assert_eq!(stats.forks, 4);
+
+    // Training rows: M * k rows; generated tokens weigh 1, observation tokens 0.
+    let rows = training_rows(&rollout, shape.k, 0, config.max_response_tokens, &mut rng).unwrap();
+    assert_eq!(rows.len(), shape.m * shape.k);
+    for (row, (t, leaf)) in rows
+        .iter()
+        .zip(rollout.trees.iter().enumerate().flat_map(|(t, tr)| tr.leaves().into_iter().map(move |l| (t, l))))
+    {
+        let path = rollout.trees[t].path(leaf);
+        let want_mask: Vec<u8> = path
+            .iter()
+            .flat_map(|s| {
+                std::iter::repeat_n(1u8, s.response.len()).chain(std::iter::repeat_n(0u8, s.observation.len()))
+            })
+            .collect();
+        assert_eq!(row.loss_mask, want_mask);
+        assert_eq!(row.response.len(), row.loss_mask.len());
+        assert_eq!(row.tree_group, t);
+        assert!(path.iter().filter(|s| !s.observation.is_empty()).all(|s| !s.done || s.observation.is_empty()));
+    }
+    // KV-prefix reuse: far fewer tokens encoded than re-encoding every turn of every chain would.
+    let reencode: u64 = rollout
+        .trees
+        .iter()
+        .flat_map(|tr| tr.leaves().into_iter().map(move |l| tr.path(l)))
+        .map(|path| {
+            let mut ctx = rollout.prompt_tokens.len() as u64;
+            let mut total = 0;
+            for s in path {
+                total += ctx;
+                ctx += (s.response.len() + s.observation.len()) as u64;
+            }
+            total
+        })
+        .sum();
+    assert!(cost.prefill_tokens < reencode, "prefill {} vs re-encoding {}", cost.prefill_tokens, reencode);
+    rollout.release(&mut engine);
+
+    // Chain GRPO with n = 3: three one-chain trees, no forks.
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
+    let chains = r.run(&task, TreeShape::chain(3), &mut rng).unwrap();
+    assert_eq!(r.cost.forks, 0);
+    assert_eq!(chains.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 3);
+    assert_eq!(training_rows(&chains, 1, 1, 4096, &mut rng).unwrap().len(), 3);
+}

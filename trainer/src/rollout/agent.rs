@@ -1,0 +1,345 @@
+//! Chain and tree rollouts (spec §1.2-1.3 and §2.3) against an env-server: the model acts, the
+//! server resolves the actions; a tree expansion forks the env episode at the picked node's step
+//! and the engine sequence at that node's token prefix, so a branch reuses its parent's KV cache.
+
+use rand::Rng;
+
+use grove_protocol::client::{Client, ClientError, ClientOptions};
+use grove_protocol::{
+    Action, ActionKind, EpisodeId, EpisodeOptions, ErrorInfo, ForkSpec, Observation, StepAction, TaskSpec,
+};
+
+use super::tree::{NodeId, Tree};
+use crate::generate::{Engine, EngineError, SamplingParams, SeqId};
+use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error("env-server: {0}")]
+    Client(#[from] ClientError),
+    #[error("env-server refused: {0}")]
+    Env(ErrorInfo),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Tree(#[from] super::tree::TreeError),
+    #[error("cannot start the env client runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A blocking handle on one env-server for the tensor thread.
+#[derive(Debug)]
+pub struct EnvClient {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl EnvClient {
+    pub fn connect(url: &str, options: ClientOptions) -> Result<Self, RolloutError> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(RolloutError::Runtime)?;
+        let client = rt.block_on(Client::connect(url, options))?;
+        Ok(Self { rt, client })
+    }
+
+    fn create(&self, tasks: Vec<TaskSpec>, max_turns: u32) -> Result<Vec<(EpisodeId, String)>, RolloutError> {
+        let opts = EpisodeOptions { max_turns: Some(max_turns), ..Default::default() };
+        self.rt
+            .block_on(self.client.create_episodes(tasks, opts))?
+            .into_iter()
+            .map(|r| r.map(|s| (s.episode, s.prompt)).map_err(RolloutError::Env))
+            .collect()
+    }
+
+    fn step(&self, actions: Vec<(EpisodeId, String)>) -> Result<Vec<Observation>, RolloutError> {
+        let actions =
+            actions.into_iter().map(|(episode, text)| StepAction { episode, action: Action::Text(text) }).collect();
+        self.rt.block_on(self.client.step(actions))?.into_iter().map(|r| r.map_err(RolloutError::Env)).collect()
+    }
+
+    fn fork(&self, episode: EpisodeId, at_step: u32) -> Result<EpisodeId, RolloutError> {
+        let r = self.rt.block_on(self.client.fork(vec![ForkSpec { episode, at_step, n: 1 }]))?;
+        match r.into_iter().next() {
+            Some(Ok(f)) => f.children.first().copied().ok_or_else(|| {
+                RolloutError::Env(ErrorInfo::new(grove_protocol::ErrorCode::Internal, "fork returned no child"))
+            }),
+            Some(Err(e)) => Err(RolloutError::Env(e)),
+            None => Err(RolloutError::Env(ErrorInfo::new(grove_protocol::ErrorCode::Internal, "empty fork reply"))),
+        }
+    }
+
+    pub fn close(&self, episodes: Vec<EpisodeId>) -> Result<(), RolloutError> {
+        self.rt.block_on(self.client.close(episodes))?;
+        Ok(())
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Run an async call of the client on this handle's runtime.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+}
+
+/// Agent-loop limits (spec §1.5; QA defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub max_turns: u32,
+    /// Observation tokens kept per step (the rest is dropped).
+    pub max_obs_tokens: usize,
+    /// Cap on a trajectory's response side (generated + observation tokens).
+    pub max_response_tokens: usize,
+    /// Per-turn sampling; `max_new_tokens` is the per-turn generation cap.
+    pub sampling: SamplingParams,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self { max_turns: 3, max_obs_tokens: 500, max_response_tokens: 4096, sampling: SamplingParams::default() }
+    }
+}
+
+/// One agent step: what the model generated and what the environment answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    pub response: Vec<u32>,
+    pub observation: Vec<u32>,
+    pub kind: ActionKind,
+    pub done: bool,
+    /// The server's reward, on the step that ended the episode.
+    pub reward: Option<f64>,
+    /// The env episode this step happened in, and the step count after it.
+    pub episode: EpisodeId,
+    pub env_step: u32,
+    /// An engine sequence holding the state right after this step (for expansions).
+    pub snapshot: SeqId,
+}
+
+/// Cost of a rollout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RolloutCost {
+    pub generated_tokens: u64,
+    pub prefill_tokens: u64,
+    pub tool_calls: u64,
+    pub forks: u64,
+}
+
+/// One training row: the prompt, then the response side with its loss mask (1 = generated).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingRow {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+    pub reward: f64,
+    /// Group ids for the advantage estimators.
+    pub prompt_group: usize,
+    pub tree_group: usize,
+}
+
+/// Everything a rollout produced for one prompt.
+#[derive(Debug)]
+pub struct PromptRollout {
+    pub prompt_tokens: Vec<u32>,
+    pub trees: Vec<Tree<StepRecord>>,
+    /// Engine sequences kept for expansions (roots and node snapshots); see [`PromptRollout::release`].
+    pub held: Vec<SeqId>,
+    /// Env episodes created or forked for this prompt.
+    pub episodes: Vec<EpisodeId>,
+}
+
+impl PromptRollout {
+    /// Drop the engine sequences held for expansions (their KV caches).
+    pub fn release(&self, engine: &mut Engine<'_>) {
+        for s in &self.held {
+            engine.remove(*s);
+        }
+    }
+}
+
+/// Tree shape (spec §2.1): M trees per prompt, N picks per tree per round, L rounds, k leaves kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeShape {
+    pub m: usize,
+    pub n: usize,
+    pub l: usize,
+    pub k: usize,
+}
+
+impl TreeShape {
+    /// Chain GRPO with `n` trajectories: n trees of one chain each.
+    pub fn chain(n: usize) -> Self {
+        Self { m: n, n: 0, l: 0, k: 1 }
+    }
+}
+
+/// A chain being continued: its engine sequence, env episode and turns so far.
+struct Row {
+    tree: usize,
+    parent: NodeId,
+    seq: SeqId,
+    episode: EpisodeId,
+    steps: Vec<(StepRecord, bool)>,
+}
+
+pub struct Rollout<'a, 'm> {
+    pub engine: &'a mut Engine<'m>,
+    pub tok: &'a Tokenizer,
+    pub env: &'a EnvClient,
+    pub config: &'a AgentConfig,
+    pub cost: RolloutCost,
+}
+
+impl std::fmt::Debug for Rollout<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rollout").field("cost", &self.cost).finish()
+    }
+}
+
+impl Rollout<'_, '_> {
+    /// Continue every row until its episode ends; the server runs the forced final turn.
+    fn continue_rows(&mut self, rows: &mut [Row]) -> Result<(), RolloutError> {
+        let mut active: Vec<usize> = (0..rows.len()).collect();
+        while !active.is_empty() {
+            let seqs: Vec<SeqId> = active.iter().map(|&i| rows[i].seq).collect();
+            let gens = self.engine.generate(&seqs, &self.config.sampling, self.tok)?;
+            let actions = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
+            let observations = self.env.step(actions)?;
+            let mut still = Vec::new();
+            for ((&i, g), obs) in active.iter().zip(gens).zip(observations) {
+                if obs.kind == ActionKind::Search && !obs.forced_final {
+                    self.cost.tool_calls += 1;
+                }
+                let mut obs_tokens = if obs.text.is_empty() { Vec::new() } else { self.tok.encode(&obs.text)? };
+                obs_tokens.truncate(self.config.max_obs_tokens);
+                let row = &mut rows[i];
+                self.engine.extend(row.seq, &obs_tokens)?;
+                let snapshot = self.engine.fork(row.seq, 1)?[0];
+                let reward = obs.reward.as_ref().map(|r| r.score);
+                row.steps.push((
+                    StepRecord {
+                        response: g.tokens,
+                        observation: obs_tokens,
+                        kind: obs.kind,
+                        done: obs.done,
+                        reward,
+                        episode: row.episode,
+                        env_step: obs.step,
+                        snapshot,
+                    },
+                    obs.done,
+                ));
+                if !obs.done {
+                    still.push(i);
+                }
+            }
+            active = still;
+        }
+        Ok(())
+    }
+
+    /// Tree rollouts for one task: M initial chains, L rounds of N expansions per tree.
+    pub fn run(
+        &mut self,
+        task: &TaskSpec,
+        shape: TreeShape,
+        rng: &mut impl Rng,
+    ) -> Result<PromptRollout, RolloutError> {
+        let before = self.engine.stats;
+        let starts = self.env.create(vec![task.clone(); shape.m], self.config.max_turns)?;
+        let prompt_text = self.tok.apply_chat_template(
+            &[ChatMessage::new("user", starts.first().map(|s| s.1.clone()).unwrap_or_default())],
+            true,
+        )?;
+        let prompt_tokens = self.tok.encode(&prompt_text)?;
+        let mut trees: Vec<Tree<StepRecord>> = (0..shape.m).map(|_| Tree::new()).collect();
+        let mut episodes: Vec<EpisodeId> = starts.iter().map(|s| s.0).collect();
+        let mut roots = Vec::with_capacity(shape.m);
+        let mut rows = Vec::with_capacity(shape.m);
+        for (t, (episode, _)) in starts.iter().enumerate() {
+            let seed = rng.random::<u64>();
+            let root = self.engine.add(prompt_tokens.clone(), seed)?;
+            roots.push((root, *episode));
+            let seq = self.engine.fork(root, 1)?[0];
+            rows.push(Row { tree: t, parent: Tree::<StepRecord>::ROOT, seq, episode: *episode, steps: Vec::new() });
+        }
+        self.continue_rows(&mut rows)?;
+        self.attach(&mut trees, rows)?;
+        for _round in 0..shape.l {
+            let mut rows = Vec::new();
+            for (t, tree) in trees.iter().enumerate() {
+                for node in tree.pick(shape.n, rng) {
+                    let (snapshot, episode, at_step) = match tree.node(node).and_then(|n| n.step.as_ref()) {
+                        Some(step) => (step.snapshot, step.episode, step.env_step),
+                        None => (roots[t].0, roots[t].1, 0),
+                    };
+                    let seq = self.engine.fork(snapshot, 1)?[0];
+                    let episode = self.env.fork(episode, at_step)?;
+                    episodes.push(episode);
+                    self.cost.forks += 1;
+                    rows.push(Row { tree: t, parent: node, seq, episode, steps: Vec::new() });
+                }
+            }
+            self.continue_rows(&mut rows)?;
+            self.attach(&mut trees, rows)?;
+        }
+        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
+        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
+        let mut held: Vec<SeqId> = roots.iter().map(|r| r.0).collect();
+        for tree in &trees {
+            for id in 0..tree.len() {
+                if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
+                    held.push(step.snapshot);
+                }
+            }
+        }
+        Ok(PromptRollout { prompt_tokens, trees, held, episodes })
+    }
+
+    fn attach(&mut self, trees: &mut [Tree<StepRecord>], rows: Vec<Row>) -> Result<(), RolloutError> {
+        for row in rows {
+            self.engine.remove(row.seq);
+            trees[row.tree].add_chain(row.parent, row.steps)?;
+        }
+        Ok(())
+    }
+}
+
+/// Keep `k` leaves per tree and flatten them into training rows (spec §2.3 phase 3): prompt-major,
+/// then tree, then leaf; response side right-truncated to `max_response_tokens`.
+pub fn training_rows(
+    rollout: &PromptRollout,
+    k: usize,
+    prompt_group: usize,
+    max_response_tokens: usize,
+    rng: &mut impl Rng,
+) -> Result<Vec<TrainingRow>, RolloutError> {
+    let mut out = Vec::new();
+    for (t, tree) in rollout.trees.iter().enumerate() {
+        for leaf in tree.keep_leaves(k, rng)? {
+            let path = tree.path(leaf);
+            let mut response = Vec::new();
+            let mut mask = Vec::new();
+            for step in &path {
+                response.extend(&step.response);
+                mask.extend(std::iter::repeat_n(1u8, step.response.len()));
+                response.extend(&step.observation);
+                mask.extend(std::iter::repeat_n(0u8, step.observation.len()));
+            }
+            response.truncate(max_response_tokens);
+            mask.truncate(max_response_tokens);
+            let reward = path.last().and_then(|s| s.reward).unwrap_or(0.0);
+            out.push(TrainingRow {
+                prompt: rollout.prompt_tokens.clone(),
+                response,
+                loss_mask: mask,
+                reward,
+                prompt_group,
+                tree_group: prompt_group * 1_000_000 + t,
+            });
+        }
+    }
+    Ok(out)
+}
