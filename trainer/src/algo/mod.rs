@@ -4,3 +4,4 @@
 pub mod advantage;
 pub mod loss;
 pub mod schedule;
+pub mod update;
