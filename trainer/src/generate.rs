@@ -351,11 +351,14 @@ fn sample(logits: &Tensor, params: &SamplingParams, rng: &mut ChaCha8Rng) -> u32
         return logits.argmax(-1, false).int64_value(&[]) as u32;
     }
     let probs = (logits.to_kind(Kind::Float) / params.temperature).softmax(-1, Kind::Float);
-    let (sorted, idx) = probs.sort(-1, true);
+    let vocab = probs.size()[0];
+    // With top-k, only the k largest need ordering.
+    let (sorted, idx) = if params.top_k > 0 && (params.top_k as i64) < vocab {
+        probs.topk(params.top_k as i64, -1, true, true)
+    } else {
+        probs.sort(-1, true)
+    };
     let mut keep = sorted.size()[0];
-    if params.top_k > 0 {
-        keep = keep.min(params.top_k as i64);
-    }
     if params.top_p < 1.0 {
         // Smallest prefix whose mass reaches top_p (at least one token).
         let cum = sorted.cumsum(-1, Kind::Float);

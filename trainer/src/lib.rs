@@ -17,3 +17,4 @@ pub mod model;
 pub mod optim;
 pub mod rollout;
 pub mod tokenizer;
+pub mod train;

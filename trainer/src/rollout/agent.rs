@@ -111,6 +111,8 @@ pub struct StepRecord {
     pub done: bool,
     /// The server's reward, on the step that ended the episode.
     pub reward: Option<f64>,
+    /// Pure EM / F1 of the answer, on the step that ended the episode.
+    pub metric: Option<f64>,
     /// The env episode this step happened in, and the step count after it.
     pub episode: EpisodeId,
     pub env_step: u32,
@@ -218,6 +220,7 @@ impl Rollout<'_, '_> {
                 self.engine.extend(row.seq, &obs_tokens)?;
                 let snapshot = self.engine.fork(row.seq, 1)?[0];
                 let reward = obs.reward.as_ref().map(|r| r.score);
+                let metric = obs.reward.as_ref().map(|r| r.metric_value);
                 row.steps.push((
                     StepRecord {
                         response: g.tokens,
@@ -225,6 +228,7 @@ impl Rollout<'_, '_> {
                         kind: obs.kind,
                         done: obs.done,
                         reward,
+                        metric,
                         episode: row.episode,
                         env_step: obs.step,
                         snapshot,

@@ -1,0 +1,242 @@
+//! The training loop: sample prompts, roll out (tree or chain), score, compute advantages, update;
+//! write one metrics line per step and atomic, resumable checkpoints.
+//!
+//! Every random choice of step `s` comes from a generator seeded with (seed, s), so a run resumed
+//! from a checkpoint makes exactly the choices the uninterrupted run would have made.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::{Kind, nn};
+
+use crate::algo::advantage::{Estimator, advantages};
+use crate::algo::schedule::WarmupConstant;
+use crate::algo::update::{UpdateConfig, UpdateStats, ppo_update};
+use crate::generate::Engine;
+use crate::model::{CausalLm, save_model};
+use crate::optim::AdamW;
+use crate::rollout::agent::{AgentConfig, EnvClient, Rollout, RolloutCost, RolloutError, TreeShape, training_rows};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: String, message: String },
+    #[error("metrics file: {0}")]
+    Metrics(std::io::Error),
+    #[error("no training tasks")]
+    NoTasks,
+}
+
+/// What one training step does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepConfig {
+    pub prompts_per_step: usize,
+    pub shape: TreeShape,
+    pub estimator: Estimator,
+    pub agent: AgentConfig,
+    pub update: UpdateConfig,
+    pub schedule: WarmupConstant,
+    pub seed: u64,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub lr: f64,
+    pub reward_mean: f64,
+    /// Pure EM / F1 of the rows' final answers (from the env-server's reward).
+    pub metric_mean: f64,
+    pub rows: usize,
+    pub loss: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_fraction: f64,
+    pub grad_norm: f64,
+    pub generated_tokens: u64,
+    pub prefill_tokens: u64,
+    pub trained_tokens: u64,
+    pub tool_calls: u64,
+    pub forks: u64,
+    pub rollout_seconds: f64,
+    pub update_seconds: f64,
+}
+
+/// Mixes a seed and a step into the seed of that step's generator.
+fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 27)
+}
+
+/// The prompts of step `step`: an epoch-wise shuffle of the task indices (drop-last).
+pub fn prompts_for_step(n_tasks: usize, per_step: usize, seed: u64, step: u64) -> Vec<usize> {
+    let per_epoch = (n_tasks / per_step.max(1)).max(1) as u64;
+    let epoch = step / per_epoch;
+    let mut order: Vec<usize> = (0..n_tasks).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(step_seed(seed, u64::MAX - epoch)));
+    let start = ((step % per_epoch) as usize) * per_step;
+    order.iter().cycle().skip(start).take(per_step.min(n_tasks)).copied().collect()
+}
+
+/// Run training step `step`: roll out, update `policy`, return the metrics line.
+#[allow(clippy::too_many_arguments)]
+pub fn train_step(
+    policy: &CausalLm,
+    reference: &CausalLm,
+    opt: &mut AdamW,
+    tok: &Tokenizer,
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    cfg: &StepConfig,
+    step: u64,
+) -> Result<StepMetrics, TrainError> {
+    if tasks.is_empty() {
+        return Err(TrainError::NoTasks);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    let mut cost = RolloutCost::default();
+    let mut metric_sum = 0.0;
+    {
+        let mut engine = Engine::new(policy);
+        for (p, &task) in prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step).iter().enumerate() {
+            let mut r = Rollout { engine: &mut engine, tok, env, config: &cfg.agent, cost: RolloutCost::default() };
+            let rollout = r.run(&tasks[task], cfg.shape, &mut rng)?;
+            let c = r.cost;
+            cost.generated_tokens += c.generated_tokens;
+            cost.prefill_tokens += c.prefill_tokens;
+            cost.tool_calls += c.tool_calls;
+            cost.forks += c.forks;
+            let k = if cfg.shape.n == 0 { 1 } else { cfg.shape.k };
+            let prompt_rows = training_rows(&rollout, k, p, cfg.agent.max_response_tokens, &mut rng)?;
+            for tree in &rollout.trees {
+                for leaf in tree.leaves() {
+                    metric_sum += tree.path(leaf).last().and_then(|s| s.metric).unwrap_or(0.0);
+                }
+            }
+            rows.extend(prompt_rows);
+            rollout.release(&mut engine);
+            env.close(rollout.episodes.clone())?;
+        }
+    }
+    let rollout_seconds = started.elapsed().as_secs_f64();
+    let rewards: Vec<f64> = rows.iter().map(|r| r.reward).collect();
+    let prompt_groups: Vec<usize> = rows.iter().map(|r| r.prompt_group).collect();
+    let tree_groups: Vec<usize> = rows.iter().map(|r| r.tree_group).collect();
+    let adv = advantages(&rewards, &prompt_groups, &tree_groups, cfg.estimator);
+    let lr = cfg.schedule.lr_at(step);
+    let t = Instant::now();
+    let u: UpdateStats = ppo_update(policy, reference, opt, lr, &rows, &adv, &cfg.update);
+    let leaves = rows.len().max(1) as f64;
+    Ok(StepMetrics {
+        step,
+        lr,
+        reward_mean: rewards.iter().sum::<f64>() / leaves,
+        metric_mean: metric_sum / leaves,
+        rows: rows.len(),
+        loss: u.loss,
+        kl: u.kl,
+        entropy: u.entropy,
+        clip_fraction: u.clip_fraction,
+        grad_norm: u.grad_norm,
+        generated_tokens: cost.generated_tokens,
+        prefill_tokens: cost.prefill_tokens,
+        trained_tokens: u.tokens,
+        tool_calls: cost.tool_calls,
+        forks: cost.forks,
+        rollout_seconds,
+        update_seconds: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Append one JSON line to `metrics.jsonl` in `dir`.
+pub fn append_metrics(dir: &Path, m: &StepMetrics) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir).map_err(TrainError::Metrics)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("metrics.jsonl"))
+        .map_err(TrainError::Metrics)?;
+    let line = serde_json::to_string(m).map_err(|e| TrainError::Metrics(std::io::Error::other(e)))?;
+    writeln!(f, "{line}").map_err(TrainError::Metrics)
+}
+
+/// Checkpoint state besides weights and optimiser moments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Training steps completed (the next step to run).
+    pub next_step: u64,
+    pub seed: u64,
+}
+
+/// Write `<dir>/checkpoint-<step>` atomically: an HF model folder (weights, config, tokenizer
+/// files) plus `optimizer.safetensors` and `state.json`, written in a temporary folder and
+/// renamed into place; `<dir>/latest` then names it.
+pub fn save_checkpoint(
+    dir: &Path,
+    vs: &nn::VarStore,
+    config_json: &str,
+    tokenizer_files: &[PathBuf],
+    opt: &AdamW,
+    state: &TrainState,
+) -> Result<PathBuf, TrainError> {
+    let name = format!("checkpoint-{}", state.next_step);
+    let final_dir = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.partial"));
+    let err = |p: &Path, e: &dyn std::fmt::Display| TrainError::Checkpoint {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    };
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| err(&tmp, &e))?;
+    }
+    save_model(vs, config_json, &tmp, Kind::Float, tokenizer_files).map_err(|e| err(&tmp, &e))?;
+    opt.save(&tmp.join("optimizer.safetensors")).map_err(|e| err(&tmp, &e))?;
+    let state_json = serde_json::to_string_pretty(state).map_err(|e| err(&tmp, &e))?;
+    std::fs::write(tmp.join("state.json"), state_json).map_err(|e| err(&tmp, &e))?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).map_err(|e| err(&final_dir, &e))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(|e| err(&final_dir, &e))?;
+    let latest_tmp = dir.join(".latest.tmp");
+    std::fs::write(&latest_tmp, &name).map_err(|e| err(&latest_tmp, &e))?;
+    std::fs::rename(&latest_tmp, dir.join("latest")).map_err(|e| err(dir, &e))?;
+    Ok(final_dir)
+}
+
+/// The checkpoint `<dir>/latest` names, if any.
+pub fn latest_checkpoint(dir: &Path) -> Option<PathBuf> {
+    let name = std::fs::read_to_string(dir.join("latest")).ok()?;
+    let path = dir.join(name.trim());
+    path.join("state.json").exists().then_some(path)
+}
+
+/// Restore weights into `vs`, moments into `opt`, and return the state of a checkpoint.
+pub fn load_checkpoint(path: &Path, vs: &nn::VarStore, opt: &mut AdamW) -> Result<TrainState, TrainError> {
+    let err =
+        |e: &dyn std::fmt::Display| TrainError::Checkpoint { path: path.display().to_string(), message: e.to_string() };
+    let weights = path.join("model.safetensors");
+    let tensors = tch::Tensor::read_safetensors(&weights).map_err(|e| err(&e))?;
+    let mut vars = vs.variables();
+    tch::no_grad(|| -> Result<(), TrainError> {
+        for (name, t) in tensors {
+            if let Some(v) = vars.get_mut(&name) {
+                v.f_copy_(&t.to_kind(v.kind())).map_err(|e| err(&e))?;
+            }
+        }
+        Ok(())
+    })?;
+    opt.load(&path.join("optimizer.safetensors")).map_err(|e| err(&e))?;
+    let text = std::fs::read_to_string(path.join("state.json")).map_err(|e| err(&e))?;
+    serde_json::from_str(&text).map_err(|e| err(&e))
+}
