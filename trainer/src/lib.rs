@@ -9,6 +9,7 @@
 pub mod algo;
 pub mod bench;
 pub mod device;
+pub mod eval;
 pub mod generate;
 pub mod gguf;
 pub mod import;

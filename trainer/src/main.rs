@@ -6,9 +6,16 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use grove_trainer::device::{DeviceRequest, place};
+use grove_trainer::eval::{evaluate, format_report};
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::model::load_model;
+use grove_trainer::optim::{AdamW, AdamWConfig};
+use grove_trainer::rollout::agent::{AgentConfig, EnvClient};
 use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
+use grove_trainer::train::{
+    TrainConfig, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks, save_checkpoint,
+    train_step,
+};
 
 #[derive(Parser)]
 #[command(name = "trainer", version, about = "Grove trainer")]
@@ -44,6 +51,41 @@ enum Command {
     },
     /// Convert a llama-architecture GGUF file into a Hugging Face folder.
     ImportGguf { gguf: PathBuf, out_dir: PathBuf },
+    /// Train with Tree-GRPO or chain GRPO against an env-server (`--config` TOML; see TrainConfig).
+    Train {
+        #[arg(long)]
+        config: PathBuf,
+        /// Continue from the latest checkpoint in the output folder.
+        #[arg(long)]
+        resume: bool,
+        #[arg(long)]
+        steps: Option<u64>,
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Evaluate a model as an agent through an env-server: EM / F1 per data source.
+    Eval {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "ws://127.0.0.1:8000/")]
+        env: String,
+        /// Search-R1 parquet or QA JSONL.
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "nq")]
+        data_source: String,
+        /// Sample at T = 1, top-p 0.95 instead of greedy decoding.
+        #[arg(long)]
+        sampled: bool,
+        #[arg(long, default_value_t = 3)]
+        max_turns: u32,
+        #[arg(long, default_value_t = 500)]
+        max_new_tokens: usize,
+        #[arg(long)]
+        max_questions: Option<usize>,
+        #[arg(long, default_value = "auto")]
+        device: DeviceRequest,
+    },
     /// Measure generation, prefill and training throughput of a model on this machine.
     Bench {
         #[arg(long)]
@@ -96,6 +138,27 @@ fn main() -> Result<()> {
                 s.tied_embeddings
             );
         }
+        Command::Train { config, resume, steps, out_dir } => train(&config, resume, steps, out_dir)?,
+        Command::Eval { model, env, data, data_source, sampled, max_turns, max_new_tokens, max_questions, device } => {
+            let placement = place(device)?;
+            let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
+            let tok = Tokenizer::from_dir(&model)?;
+            let client = EnvClient::connect(&env, Default::default())?;
+            let mut tasks = load_tasks(&data, &data_source)?;
+            tasks.truncate(max_questions.unwrap_or(usize::MAX));
+            let agent = AgentConfig {
+                max_turns,
+                sampling: SamplingParams {
+                    temperature: if sampled { 1.0 } else { 0.0 },
+                    top_p: if sampled { 0.95 } else { 1.0 },
+                    max_new_tokens,
+                    ..SamplingParams::default()
+                },
+                ..AgentConfig::default()
+            };
+            let report = evaluate(&lm, &tok, &client, &tasks, &agent, 16, 0)?;
+            print!("{}", format_report(&report));
+        }
         Command::Bench { model, device, new_tokens } => {
             let placement = place(device)?;
             let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
@@ -113,5 +176,72 @@ fn main() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_dir: Option<PathBuf>) -> Result<()> {
+    let text = std::fs::read_to_string(config_path).with_context(|| format!("read {}", config_path.display()))?;
+    let mut cfg: TrainConfig = toml::from_str(&text).with_context(|| format!("parse {}", config_path.display()))?;
+    if let Some(s) = steps {
+        cfg.steps = s;
+    }
+    if let Some(o) = out_dir {
+        cfg.out_dir = o;
+    }
+    let placement = place(cfg.device.parse().map_err(anyhow::Error::msg)?)?;
+    let (vs, policy) = load_model(&cfg.model, placement.device, placement.kind)?;
+    let (mut ref_vs, reference) = load_model(&cfg.model, placement.device, placement.kind)?;
+    ref_vs.freeze();
+    let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
+    let tok = Tokenizer::from_dir(&tok_dir)?;
+    let env = EnvClient::connect(&cfg.env, Default::default())?;
+    let tasks = load_tasks(&cfg.train_data, &cfg.data_source)?;
+    let mut eval_tasks = match &cfg.eval_data {
+        Some(p) => load_tasks(p, &cfg.data_source)?,
+        None => Vec::new(),
+    };
+    eval_tasks.truncate(cfg.eval_max_questions);
+    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let mut start = 0;
+    if resume && let Some(ckpt) = latest_checkpoint(&cfg.out_dir) {
+        start = load_checkpoint(&ckpt, &vs, &mut opt)?.next_step;
+        eprintln!("resumed from {} at step {start}", ckpt.display());
+    }
+    let model_config = std::fs::read_to_string(cfg.model.join("config.json"))?;
+    let tokenizer_files: Vec<PathBuf> =
+        ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| tok_dir.join(f)).filter(|p| p.exists()).collect();
+    std::fs::create_dir_all(&cfg.out_dir)?;
+    std::fs::write(cfg.out_dir.join("config.toml"), toml::to_string_pretty(&cfg)?)?;
+    let step_cfg = cfg.step_config();
+    let bar = indicatif::ProgressBar::new(cfg.steps);
+    bar.set_position(start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("train {bar:30} {pos}/{len} {msg} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for step in start..cfg.steps {
+        let m = train_step(&policy, &reference, &mut opt, &tok, &env, &tasks, &step_cfg, step)?;
+        append_metrics(&cfg.out_dir, &m)?;
+        bar.set_message(format!("reward {:.3} metric {:.3} kl {:.4}", m.reward_mean, m.metric_mean, m.kl));
+        bar.inc(1);
+        let last = step + 1 == cfg.steps;
+        if !eval_tasks.is_empty() && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last) {
+            let greedy = AgentConfig {
+                sampling: SamplingParams { temperature: 0.0, top_p: 1.0, ..step_cfg.agent.sampling.clone() },
+                ..step_cfg.agent.clone()
+            };
+            let report = evaluate(&policy, &tok, &env, &eval_tasks, &greedy, 16, cfg.seed)?;
+            bar.println(format!("eval after step {}:\n{}", step + 1, format_report(&report)));
+            std::fs::write(
+                cfg.out_dir.join(format!("eval-{}.json", step + 1)),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+        }
+        if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) || last {
+            let state = TrainState { next_step: step + 1, seed: cfg.seed };
+            save_checkpoint(&cfg.out_dir, &vs, &model_config, &tokenizer_files, &opt, &state)?;
+        }
+    }
+    bar.finish();
     Ok(())
 }

@@ -240,3 +240,162 @@ pub fn load_checkpoint(path: &Path, vs: &nn::VarStore, opt: &mut AdamW) -> Resul
     let text = std::fs::read_to_string(path.join("state.json")).map_err(|e| err(&e))?;
     serde_json::from_str(&text).map_err(|e| err(&e))
 }
+
+/// `trainer train --config FILE`: every key has a default (the spec's QA settings where the
+/// machine allows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// HF folder of the initial policy (also the frozen reference).
+    pub model: PathBuf,
+    /// Folder with tokenizer.json / tokenizer_config.json; default: `model`.
+    pub tokenizer: Option<PathBuf>,
+    /// env-server WebSocket URL.
+    pub env: String,
+    /// Training questions: Search-R1 `.parquet`, or QA `.jsonl` (FlashRAG / Grove).
+    pub train_data: PathBuf,
+    /// Questions evaluated every `eval_every` steps (optional).
+    pub eval_data: Option<PathBuf>,
+    /// Data source of JSONL rows that do not name one.
+    pub data_source: String,
+    pub out_dir: PathBuf,
+    pub steps: u64,
+    pub prompts_per_step: usize,
+    /// `tree` or `chain`.
+    pub method: String,
+    pub m: usize,
+    pub n: usize,
+    pub l: usize,
+    pub k: usize,
+    /// Trajectories per prompt for `chain`.
+    pub chain_n: usize,
+    pub estimator: Estimator,
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub max_turns: u32,
+    pub max_obs_tokens: usize,
+    pub max_new_tokens: usize,
+    pub max_response_tokens: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub micro_batch: usize,
+    pub mini_batches: usize,
+    pub kl_coef: f64,
+    pub entropy_coef: f64,
+    pub eval_every: u64,
+    pub eval_max_questions: usize,
+    pub save_every: u64,
+    pub seed: u64,
+    pub device: String,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::new(),
+            tokenizer: None,
+            env: "ws://127.0.0.1:8000/".into(),
+            train_data: PathBuf::new(),
+            eval_data: None,
+            data_source: "nq".into(),
+            out_dir: PathBuf::from("runs/default"),
+            steps: 180,
+            prompts_per_step: 512,
+            method: "tree".into(),
+            m: 2,
+            n: 2,
+            l: 1,
+            k: 3,
+            chain_n: 4,
+            estimator: Estimator::Tree,
+            lr: 1e-6,
+            warmup_ratio: 0.285,
+            max_turns: 3,
+            max_obs_tokens: 500,
+            max_new_tokens: 500,
+            max_response_tokens: 4096,
+            temperature: 1.0,
+            top_p: 0.95,
+            micro_batch: 8,
+            mini_batches: 8,
+            kl_coef: 0.001,
+            entropy_coef: 0.001,
+            eval_every: 60,
+            eval_max_questions: 512,
+            save_every: 60,
+            seed: 0,
+            device: "auto".into(),
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn step_config(&self) -> StepConfig {
+        let shape = if self.method == "chain" {
+            TreeShape::chain(self.chain_n)
+        } else {
+            TreeShape { m: self.m, n: self.n, l: self.l, k: self.k }
+        };
+        StepConfig {
+            prompts_per_step: self.prompts_per_step,
+            shape,
+            estimator: self.estimator,
+            agent: self.agent(),
+            update: UpdateConfig {
+                mini_batches: self.mini_batches,
+                micro_batch: self.micro_batch,
+                loss: crate::algo::loss::LossConfig {
+                    kl_coef: self.kl_coef,
+                    entropy_coef: self.entropy_coef,
+                    ..Default::default()
+                },
+            },
+            schedule: WarmupConstant::from_ratio(self.lr, self.warmup_ratio, self.steps),
+            seed: self.seed,
+        }
+    }
+
+    pub fn agent(&self) -> AgentConfig {
+        AgentConfig {
+            max_turns: self.max_turns,
+            max_obs_tokens: self.max_obs_tokens,
+            max_response_tokens: self.max_response_tokens,
+            sampling: crate::generate::SamplingParams {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: 0,
+                max_new_tokens: self.max_new_tokens,
+                stop: vec!["</search>".into(), "</answer>".into()],
+            },
+        }
+    }
+}
+
+/// Questions from a Search-R1 parquet or a QA JSONL file, as env tasks.
+pub fn load_tasks(
+    path: &Path,
+    data_source: &str,
+) -> Result<Vec<grove_protocol::TaskSpec>, grove_datasets::DatasetError> {
+    use grove_datasets::loaders::{load_qa_jsonl, load_searchr1_parquet};
+    let examples = if path.extension().is_some_and(|e| e == "parquet") {
+        load_searchr1_parquet(path, grove_datasets::OnBadRow::Fail)?.items
+    } else {
+        load_qa_jsonl(path, data_source, None, grove_datasets::OnBadRow::Fail)?.items
+    };
+    Ok(examples
+        .into_iter()
+        .map(|e| {
+            let metric = match e.metric() {
+                grove_datasets::Metric::Em => grove_protocol::Metric::Em,
+                grove_datasets::Metric::F1 => grove_protocol::Metric::F1,
+            };
+            grove_protocol::TaskSpec {
+                question: e.question,
+                golden_answers: e.golden_answers,
+                data_source: e.data_source,
+                task_id: Some(e.id),
+                metric: Some(metric),
+            }
+        })
+        .collect())
+}

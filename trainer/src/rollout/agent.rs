@@ -302,6 +302,33 @@ impl Rollout<'_, '_> {
         Ok(PromptRollout { prompt_tokens, trees, held, episodes })
     }
 
+    /// One chain per task, all tasks batched together (evaluation, or quick chain rollouts).
+    /// Returns each task's steps; the episodes are closed and the sequences released.
+    pub fn run_chains(&mut self, tasks: &[TaskSpec], seed: u64) -> Result<Vec<Vec<StepRecord>>, RolloutError> {
+        let before = self.engine.stats;
+        let starts = self.env.create(tasks.to_vec(), self.config.max_turns)?;
+        let mut rows = Vec::with_capacity(tasks.len());
+        for (i, (episode, prompt)) in starts.iter().enumerate() {
+            let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.clone())], true)?;
+            let seq = self.engine.add(self.tok.encode(&text)?, seed.wrapping_add(i as u64))?;
+            rows.push(Row { tree: i, parent: Tree::<StepRecord>::ROOT, seq, episode: *episode, steps: Vec::new() });
+        }
+        self.continue_rows(&mut rows)?;
+        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
+        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            self.engine.remove(row.seq);
+            let steps: Vec<StepRecord> = row.steps.into_iter().map(|(s, _)| s).collect();
+            for s in &steps {
+                self.engine.remove(s.snapshot);
+            }
+            out.push(steps);
+        }
+        self.env.close(starts.iter().map(|s| s.0).collect())?;
+        Ok(out)
+    }
+
     fn attach(&mut self, trees: &mut [Tree<StepRecord>], rows: Vec<Row>) -> Result<(), RolloutError> {
         for row in rows {
             self.engine.remove(row.seq);

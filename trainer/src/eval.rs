@@ -1,0 +1,79 @@
+//! Evaluation (spec §4.4 validation, §5.5): one trajectory per question, greedy or sampled; the
+//! pure EM / F1 of the answer (the env-server's `metric_value`) averaged per data source, with
+//! the number of tool calls per question.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::generate::Engine;
+use crate::model::CausalLm;
+use crate::rollout::agent::{AgentConfig, EnvClient, Rollout, RolloutError};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceScore {
+    pub questions: usize,
+    /// Mean EM or F1, depending on the source.
+    pub score: f64,
+    pub tool_calls_per_question: f64,
+    /// Questions whose trajectory ended with an answer.
+    pub answered: usize,
+}
+
+/// Per data source, plus `"all"`.
+pub type EvalReport = BTreeMap<String, SourceScore>;
+
+/// Evaluate `tasks` in batches of `batch` questions.
+pub fn evaluate(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    batch: usize,
+    seed: u64,
+) -> Result<EvalReport, RolloutError> {
+    let mut sums: BTreeMap<String, (usize, f64, u64, usize)> = BTreeMap::new();
+    let mut engine = Engine::new(model);
+    for (b, chunk) in tasks.chunks(batch.max(1)).enumerate() {
+        let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
+        let chains = r.run_chains(chunk, seed.wrapping_add(b as u64 * 1_000_003))?;
+        for (task, steps) in chunk.iter().zip(chains) {
+            let last = steps.last();
+            let metric = last.and_then(|s| s.metric).unwrap_or(0.0);
+            let tools = steps
+                .iter()
+                .filter(|s| s.kind == grove_protocol::ActionKind::Search && !s.observation.is_empty())
+                .count() as u64;
+            let answered = usize::from(last.is_some_and(|s| s.kind == grove_protocol::ActionKind::Answer));
+            for key in [task.data_source.clone(), "all".to_string()] {
+                let e = sums.entry(key).or_default();
+                e.0 += 1;
+                e.1 += metric;
+                e.2 += tools;
+                e.3 += answered;
+            }
+        }
+    }
+    Ok(sums
+        .into_iter()
+        .map(|(k, (n, m, t, a))| {
+            let q = n.max(1) as f64;
+            (k, SourceScore { questions: n, score: m / q, tool_calls_per_question: t as f64 / q, answered: a })
+        })
+        .collect())
+}
+
+/// A printable table of a report.
+pub fn format_report(report: &EvalReport) -> String {
+    let mut out =
+        format!("{:<24} {:>9} {:>8} {:>12} {:>9}\n", "data source", "questions", "score", "tools/quest.", "answered");
+    for (k, s) in report {
+        out.push_str(&format!(
+            "{k:<24} {:>9} {:>8.3} {:>12.2} {:>9}\n",
+            s.questions, s.score, s.tool_calls_per_question, s.answered
+        ));
+    }
+    out
+}

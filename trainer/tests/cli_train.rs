@@ -1,0 +1,104 @@
+//! `trainer train --config` and `trainer eval` as a user runs them: a tiny model folder, QA JSONL
+//! files, an env-server on loopback; training writes metrics, evaluations and checkpoints, and
+//! `--resume` continues from the latest checkpoint.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use grove_datasets::assets;
+use grove_datasets::synthetic::{World, WorldConfig};
+use grove_env_server::config::ServerConfig;
+use grove_env_server::search::LocalIndex;
+use grove_env_server::{Backends, run};
+use grove_trainer::model::{CausalLm, ModelConfig, save_model};
+
+fn tiny_model_folder(dir: &std::path::Path) {
+    let tok_dir = assets::qwen25_tokenizer_dir();
+    assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
+    let cfg = r#"{"model_type": "qwen2", "vocab_size": 151665, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _lm = CausalLm::new(&vs.root(), ModelConfig::from_json(cfg).unwrap());
+    let files = [tok_dir.join("tokenizer.json"), tok_dir.join("tokenizer_config.json")];
+    save_model(&vs, cfg, dir, tch::Kind::Float, &files).unwrap();
+}
+
+#[test]
+fn train_resume_and_eval_from_the_command_line() {
+    let work = tempfile::tempdir().unwrap();
+    let model = work.path().join("model");
+    tiny_model_folder(&model);
+    let world = World::generate(&WorldConfig::default());
+    let corpus = work.path().join("world.jsonl");
+    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
+    let examples: Vec<_> = world.questions(2, 4, 1).into_iter().map(|q| q.example).collect();
+    let data = work.path().join("train.jsonl");
+    grove_datasets::loaders::write_qa_jsonl(&data, &examples).unwrap();
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
+
+    let out = work.path().join("run");
+    let config = work.path().join("train.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {model:?}\nenv = {url:?}\ntrain_data = {data:?}\neval_data = {data:?}\nout_dir = {out:?}\n\
+             steps = 2\nprompts_per_step = 1\nm = 2\nn = 1\nl = 1\nk = 2\nmax_turns = 1\nmax_new_tokens = 4\n\
+             micro_batch = 4\nmini_batches = 1\neval_every = 1\neval_max_questions = 2\nsave_every = 1\n\
+             lr = 0.001\nwarmup_ratio = 0.0\ndevice = \"cpu\"\n"
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_trainer");
+    let status = Command::new(bin).args(["train", "--config"]).arg(&config).status().unwrap();
+    assert!(status.success());
+    let lines = |p: &std::path::Path| std::fs::read_to_string(p.join("metrics.jsonl")).unwrap().lines().count();
+    assert_eq!(lines(&out), 2);
+    assert!(out.join("checkpoint-2/model.safetensors").exists());
+    assert!(out.join("checkpoint-2/tokenizer.json").exists());
+    assert!(out.join("eval-1.json").exists() && out.join("eval-2.json").exists());
+    assert_eq!(std::fs::read_to_string(out.join("latest")).unwrap().trim(), "checkpoint-2");
+
+    let status =
+        Command::new(bin).args(["train", "--resume", "--steps", "3", "--config"]).arg(&config).status().unwrap();
+    assert!(status.success());
+    assert_eq!(lines(&out), 3, "resumed at step 2 and ran one more");
+    let last: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().last().unwrap())
+            .unwrap();
+    assert_eq!(last["step"], 2);
+
+    let eval = Command::new(bin)
+        .args([
+            "eval",
+            "--device",
+            "cpu",
+            "--max-questions",
+            "2",
+            "--max-turns",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--env",
+            &url,
+        ])
+        .arg("--model")
+        .arg(out.join("checkpoint-3"))
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let table = String::from_utf8_lossy(&eval.stdout);
+    assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
+    // A config with an unknown key is refused with its name.
+    std::fs::write(&config, "modle = \"x\"\n").unwrap();
+    let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("modle"));
+}
