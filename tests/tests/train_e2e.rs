@@ -108,8 +108,12 @@ fn tokenizer() -> Tokenizer {
 fn tree_and_chain_grpo_steps_train_the_policy() {
     let tok = tokenizer();
     let world = World::generate(&WorldConfig::default());
-    let srv = server(&world);
-    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    // Two env-servers: prompts are sharded over them, forks stay on their prompt's server.
+    let (srv1, srv2) = (server(&world), server(&world));
+    let envs = [
+        EnvClient::connect(&srv1.url, Default::default()).unwrap(),
+        EnvClient::connect(&srv2.url, Default::default()).unwrap(),
+    ];
     let tasks = tasks(&world);
     let (vs, lm) = policy(tok.vocab_size());
     let (_rvs, reference) = policy(tok.vocab_size());
@@ -120,7 +124,7 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     let chain = step_config(TreeShape::chain(4), Estimator::Grpo);
     let mut all = Vec::new();
     for (step, cfg) in [(0u64, &tree), (1, &tree), (2, &chain), (3, &chain)] {
-        let m = train_step(&lm, &reference, &mut opt, &tok, &env, &tasks, cfg, step).unwrap();
+        let m = train_step(&lm, &reference, &mut opt, &tok, &envs, &tasks, cfg, step).unwrap();
         append_metrics(out.path(), &m).unwrap();
         all.push(m);
     }
@@ -152,8 +156,13 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     }
     let back: StepMetrics = serde_json::from_value(lines[3].clone()).unwrap();
     assert_eq!(back.step, 3);
-    // The server closed every episode of the finished steps.
-    assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+    // Each server got one prompt per step (4 forks per tree step each), and every episode of
+    // the finished steps was closed.
+    for env in &envs {
+        let stats = env.block_on(env.client().stats()).unwrap();
+        assert_eq!(stats.forks, 8);
+        assert_eq!(stats.episodes_live, 0);
+    }
 }
 
 #[test]
@@ -169,14 +178,14 @@ fn resume_from_a_checkpoint_is_exact() {
     let (vs_a, lm_a) = policy(tok.vocab_size());
     let mut opt_a = AdamW::new(&vs_a, AdamWConfig::default());
     for step in 0..3 {
-        train_step(&lm_a, &reference, &mut opt_a, &tok, &env, &tasks, &cfg, step).unwrap();
+        train_step(&lm_a, &reference, &mut opt_a, &tok, std::slice::from_ref(&env), &tasks, &cfg, step).unwrap();
     }
     // One step, a checkpoint, a fresh process state, then two more.
     let dir = tempfile::tempdir().unwrap();
     {
         let (vs_b, lm_b) = policy(tok.vocab_size());
         let mut opt_b = AdamW::new(&vs_b, AdamWConfig::default());
-        train_step(&lm_b, &reference, &mut opt_b, &tok, &env, &tasks, &cfg, 0).unwrap();
+        train_step(&lm_b, &reference, &mut opt_b, &tok, std::slice::from_ref(&env), &tasks, &cfg, 0).unwrap();
         let state = TrainState { next_step: 1, seed: cfg.seed };
         save_checkpoint(dir.path(), &vs_b, &config_json(tok.vocab_size()), &[], &opt_b, &state).unwrap();
     }
@@ -186,7 +195,7 @@ fn resume_from_a_checkpoint_is_exact() {
     assert!(ckpt.ends_with("checkpoint-1"));
     let state = load_checkpoint(&ckpt, &vs_c, &mut opt_c).unwrap();
     for step in state.next_step..3 {
-        train_step(&lm_c, &reference, &mut opt_c, &tok, &env, &tasks, &cfg, step).unwrap();
+        train_step(&lm_c, &reference, &mut opt_c, &tok, std::slice::from_ref(&env), &tasks, &cfg, step).unwrap();
     }
     let (a, c) = (params(&vs_a), params(&vs_c));
     let diff = a.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);

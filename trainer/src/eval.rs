@@ -28,7 +28,7 @@ pub type EvalReport = BTreeMap<String, SourceScore>;
 pub fn evaluate(
     model: &CausalLm,
     tok: &Tokenizer,
-    env: &EnvClient,
+    envs: &[EnvClient],
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
     batch: usize,
@@ -36,7 +36,11 @@ pub fn evaluate(
 ) -> Result<EvalReport, RolloutError> {
     let mut sums: BTreeMap<String, (usize, f64, u64, usize)> = BTreeMap::new();
     let mut engine = Engine::new(model);
+    if envs.is_empty() {
+        return Ok(EvalReport::new());
+    }
     for (b, chunk) in tasks.chunks(batch.max(1)).enumerate() {
+        let env = &envs[b % envs.len()];
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let chains = r.run_chains(chunk, seed.wrapping_add(b as u64 * 1_000_003))?;
         for (task, steps) in chunk.iter().zip(chains) {

@@ -156,7 +156,7 @@ fn main() -> Result<()> {
                 },
                 ..AgentConfig::default()
             };
-            let report = evaluate(&lm, &tok, &client, &tasks, &agent, 16, 0)?;
+            let report = evaluate(&lm, &tok, std::slice::from_ref(&client), &tasks, &agent, 16, 0)?;
             print!("{}", format_report(&report));
         }
         Command::Bench { model, device, new_tokens } => {
@@ -194,7 +194,8 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
     ref_vs.freeze();
     let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
     let tok = Tokenizer::from_dir(&tok_dir)?;
-    let env = EnvClient::connect(&cfg.env, Default::default())?;
+    let envs: Vec<EnvClient> =
+        cfg.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?;
     let tasks = load_tasks(&cfg.train_data, &cfg.data_source)?;
     let mut eval_tasks = match &cfg.eval_data {
         Some(p) => load_tasks(p, &cfg.data_source)?,
@@ -220,7 +221,7 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     for step in start..cfg.steps {
-        let m = train_step(&policy, &reference, &mut opt, &tok, &env, &tasks, &step_cfg, step)?;
+        let m = train_step(&policy, &reference, &mut opt, &tok, &envs, &tasks, &step_cfg, step)?;
         append_metrics(&cfg.out_dir, &m)?;
         bar.set_message(format!("reward {:.3} metric {:.3} kl {:.4}", m.reward_mean, m.metric_mean, m.kl));
         bar.inc(1);
@@ -230,7 +231,7 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
                 sampling: SamplingParams { temperature: 0.0, top_p: 1.0, ..step_cfg.agent.sampling.clone() },
                 ..step_cfg.agent.clone()
             };
-            let report = evaluate(&policy, &tok, &env, &eval_tasks, &greedy, 16, cfg.seed)?;
+            let report = evaluate(&policy, &tok, &envs, &eval_tasks, &greedy, 16, cfg.seed)?;
             bar.println(format!("eval after step {}:\n{}", step + 1, format_report(&report)));
             std::fs::write(
                 cfg.out_dir.join(format!("eval-{}.json", step + 1)),

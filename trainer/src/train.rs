@@ -94,12 +94,12 @@ pub fn train_step(
     reference: &CausalLm,
     opt: &mut AdamW,
     tok: &Tokenizer,
-    env: &EnvClient,
+    envs: &[EnvClient],
     tasks: &[grove_protocol::TaskSpec],
     cfg: &StepConfig,
     step: u64,
 ) -> Result<StepMetrics, TrainError> {
-    if tasks.is_empty() {
+    if tasks.is_empty() || envs.is_empty() {
         return Err(TrainError::NoTasks);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
@@ -110,6 +110,8 @@ pub fn train_step(
     {
         let mut engine = Engine::new(policy);
         for (p, &task) in prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step).iter().enumerate() {
+            // Prompts are sharded over the env-servers; a prompt's forks stay on its server.
+            let env = &envs[p % envs.len()];
             let mut r = Rollout { engine: &mut engine, tok, env, config: &cfg.agent, cost: RolloutCost::default() };
             let rollout = r.run(&tasks[task], cfg.shape, &mut rng)?;
             let c = r.cost;
@@ -241,6 +243,33 @@ pub fn load_checkpoint(path: &Path, vs: &nn::VarStore, opt: &mut AdamW) -> Resul
     serde_json::from_str(&text).map_err(|e| err(&e))
 }
 
+/// One URL or a list of URLs in the config file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OneOrMany", into = "Vec<String>")]
+pub struct EnvUrls(pub Vec<String>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<OneOrMany> for EnvUrls {
+    fn from(v: OneOrMany) -> Self {
+        match v {
+            OneOrMany::One(s) => EnvUrls(vec![s]),
+            OneOrMany::Many(v) => EnvUrls(v),
+        }
+    }
+}
+
+impl From<EnvUrls> for Vec<String> {
+    fn from(v: EnvUrls) -> Self {
+        v.0
+    }
+}
+
 /// `trainer train --config FILE`: every key has a default (the spec's QA settings where the
 /// machine allows).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -250,8 +279,8 @@ pub struct TrainConfig {
     pub model: PathBuf,
     /// Folder with tokenizer.json / tokenizer_config.json; default: `model`.
     pub tokenizer: Option<PathBuf>,
-    /// env-server WebSocket URL.
-    pub env: String,
+    /// env-server WebSocket URL, or a list of them (prompts are sharded over the servers).
+    pub env: EnvUrls,
     /// Training questions: Search-R1 `.parquet`, or QA `.jsonl` (FlashRAG / Grove).
     pub train_data: PathBuf,
     /// Questions evaluated every `eval_every` steps (optional).
@@ -294,7 +323,7 @@ impl Default for TrainConfig {
         Self {
             model: PathBuf::new(),
             tokenizer: None,
-            env: "ws://127.0.0.1:8000/".into(),
+            env: EnvUrls(vec!["ws://127.0.0.1:8000/".into()]),
             train_data: PathBuf::new(),
             eval_data: None,
             data_source: "nq".into(),
