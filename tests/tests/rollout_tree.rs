@@ -154,3 +154,43 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     assert_eq!(chains.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 3);
     assert_eq!(training_rows(&chains, 1, 1, 4096, &mut rng).unwrap().len(), 3);
 }
+
+#[test]
+fn budget_of_tree_and_chain_rollouts() {
+    use grove_trainer::budget::{format_rows, measure};
+    let tok_dir = assets::qwen25_tokenizer_dir();
+    assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
+    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    let (_vs, lm) = tiny_policy(tok.vocab_size());
+    let world = World::generate(&WorldConfig::default());
+    let srv = server(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let tasks: Vec<grove_protocol::TaskSpec> = world
+        .questions(2, 2, 5)
+        .into_iter()
+        .map(|q| grove_protocol::TaskSpec {
+            question: q.example.question,
+            golden_answers: q.example.golden_answers,
+            data_source: q.example.data_source,
+            task_id: None,
+            metric: None,
+        })
+        .collect();
+    let agent = AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 48,
+        max_response_tokens: 4096,
+        sampling: SamplingParams { max_new_tokens: 8, top_k: 64, ..SamplingParams::default() },
+    };
+    let tree =
+        measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, "tree (2,2,1,3)", 1).unwrap();
+    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), "chain n=4", 1).unwrap();
+    assert_eq!(tree.trajectories_per_prompt, 6.0, "M (1 + N L) leaves per prompt");
+    assert_eq!(chain.trajectories_per_prompt, 4.0);
+    assert!(tree.prefill_tokens < tree.reencode_prefill_tokens);
+    assert!(chain.prefill_tokens < chain.reencode_prefill_tokens);
+    assert!(tree.generated_tokens > 0 && chain.generated_tokens > 0);
+    let table = format_rows(&[tree, chain]);
+    assert!(table.contains("tree (2,2,1,3)") && table.contains("chain n=4"), "{table}");
+    assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+}

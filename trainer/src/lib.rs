@@ -8,6 +8,7 @@
 
 pub mod algo;
 pub mod bench;
+pub mod budget;
 pub mod device;
 pub mod eval;
 pub mod generate;

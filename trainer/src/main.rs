@@ -10,7 +10,7 @@ use grove_trainer::eval::{evaluate, format_report};
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::model::load_model;
 use grove_trainer::optim::{AdamW, AdamWConfig};
-use grove_trainer::rollout::agent::{AgentConfig, EnvClient};
+use grove_trainer::rollout::agent::{AgentConfig, EnvClient, TreeShape};
 use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
 use grove_trainer::train::{
     TrainConfig, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks, save_checkpoint,
@@ -86,6 +86,30 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
+    /// Budget accounting: a tree shape and chain GRPO on the same prompts, with their costs.
+    Budget {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "ws://127.0.0.1:8000/")]
+        env: String,
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "nq")]
+        data_source: String,
+        #[arg(long, default_value_t = 8)]
+        prompts: usize,
+        /// Tree shape M,N,L,k.
+        #[arg(long, default_value = "2,2,1,3")]
+        tree: String,
+        #[arg(long, default_value_t = 4)]
+        chain_n: usize,
+        #[arg(long, default_value_t = 3)]
+        max_turns: u32,
+        #[arg(long, default_value_t = 500)]
+        max_new_tokens: usize,
+        #[arg(long, default_value = "auto")]
+        device: DeviceRequest,
+    },
     /// Measure generation, prefill and training throughput of a model on this machine.
     Bench {
         #[arg(long)]
@@ -158,6 +182,56 @@ fn main() -> Result<()> {
             };
             let report = evaluate(&lm, &tok, std::slice::from_ref(&client), &tasks, &agent, 16, 0)?;
             print!("{}", format_report(&report));
+        }
+        Command::Budget {
+            model,
+            env,
+            data,
+            data_source,
+            prompts,
+            tree,
+            chain_n,
+            max_turns,
+            max_new_tokens,
+            device,
+        } => {
+            let shape: Vec<usize> =
+                tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
+            let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
+            let placement = place(device)?;
+            let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
+            let tok = Tokenizer::from_dir(&model)?;
+            let client = EnvClient::connect(&env, Default::default())?;
+            let mut tasks = load_tasks(&data, &data_source)?;
+            tasks.truncate(prompts);
+            let agent = AgentConfig {
+                max_turns,
+                sampling: SamplingParams { max_new_tokens, ..SamplingParams::default() },
+                ..AgentConfig::default()
+            };
+            let rows = [
+                grove_trainer::budget::measure(
+                    &lm,
+                    &tok,
+                    &client,
+                    &tasks,
+                    &agent,
+                    TreeShape { m, n, l, k },
+                    &format!("tree ({m},{n},{l},{k})"),
+                    0,
+                )?,
+                grove_trainer::budget::measure(
+                    &lm,
+                    &tok,
+                    &client,
+                    &tasks,
+                    &agent,
+                    TreeShape::chain(chain_n),
+                    &format!("chain n={chain_n}"),
+                    0,
+                )?,
+            ];
+            print!("{}", grove_trainer::budget::format_rows(&rows));
         }
         Command::Bench { model, device, new_tokens } => {
             let placement = place(device)?;

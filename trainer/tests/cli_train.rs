@@ -96,6 +96,18 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
     let table = String::from_utf8_lossy(&eval.stdout);
     assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
+    // Budget accounting from the command line.
+    let budget = Command::new(bin)
+        .args(["budget", "--device", "cpu", "--prompts", "1", "--max-turns", "1", "--max-new-tokens", "4", "--env", &url])
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(budget.status.success(), "{}", String::from_utf8_lossy(&budget.stderr));
+    let table = String::from_utf8_lossy(&budget.stdout);
+    assert!(table.contains("tree (2,2,1,3)") && table.contains("chain n=4"), "{table}");
     // A config with an unknown key is refused with its name.
     std::fs::write(&config, "modle = \"x\"\n").unwrap();
     let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();
