@@ -182,9 +182,8 @@ fn budget_of_tree_and_chain_rollouts() {
         max_response_tokens: 4096,
         sampling: SamplingParams { max_new_tokens: 8, top_k: 64, ..SamplingParams::default() },
     };
-    let tree =
-        measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, "tree (2,2,1,3)", 1).unwrap();
-    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), "chain n=4", 1).unwrap();
+    let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1).unwrap();
+    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1).unwrap();
     assert_eq!(tree.trajectories_per_prompt, 6.0, "M (1 + N L) leaves per prompt");
     assert_eq!(chain.trajectories_per_prompt, 4.0);
     assert!(tree.prefill_tokens < tree.reencode_prefill_tokens);

@@ -40,7 +40,7 @@ fn reencode_cost(r: &PromptRollout) -> u64 {
         .sum()
 }
 
-/// Run `shape` on every task and report its cost.
+/// Run `shape` on every task and report its cost (labelled `tree (M,N,L,k)` or `chain n=…`).
 pub fn measure(
     model: &CausalLm,
     tok: &Tokenizer,
@@ -48,14 +48,18 @@ pub fn measure(
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
     shape: TreeShape,
-    label: &str,
     seed: u64,
 ) -> Result<BudgetRow, RolloutError> {
+    let label = if shape.n == 0 {
+        format!("chain n={}", shape.m)
+    } else {
+        format!("tree ({},{},{},{})", shape.m, shape.n, shape.l, shape.k)
+    };
     use rand::SeedableRng;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut engine = Engine::new(model);
     let mut row = BudgetRow {
-        label: label.to_string(),
+        label,
         prompts: tasks.len(),
         trajectories_per_prompt: 0.0,
         tool_calls: 0,

@@ -98,7 +98,19 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
     // Budget accounting from the command line.
     let budget = Command::new(bin)
-        .args(["budget", "--device", "cpu", "--prompts", "1", "--max-turns", "1", "--max-new-tokens", "4", "--env", &url])
+        .args([
+            "budget",
+            "--device",
+            "cpu",
+            "--prompts",
+            "1",
+            "--max-turns",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--env",
+            &url,
+        ])
         .arg("--model")
         .arg(&model)
         .arg("--data")
