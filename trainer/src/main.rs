@@ -210,26 +210,8 @@ fn main() -> Result<()> {
                 ..AgentConfig::default()
             };
             let rows = [
-                grove_trainer::budget::measure(
-                    &lm,
-                    &tok,
-                    &client,
-                    &tasks,
-                    &agent,
-                    TreeShape { m, n, l, k },
-                    &format!("tree ({m},{n},{l},{k})"),
-                    0,
-                )?,
-                grove_trainer::budget::measure(
-                    &lm,
-                    &tok,
-                    &client,
-                    &tasks,
-                    &agent,
-                    TreeShape::chain(chain_n),
-                    &format!("chain n={chain_n}"),
-                    0,
-                )?,
+                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape { m, n, l, k }, 0)?,
+                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape::chain(chain_n), 0)?,
             ];
             print!("{}", grove_trainer::budget::format_rows(&rows));
         }
