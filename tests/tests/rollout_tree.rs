@@ -68,6 +68,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
         max_obs_tokens: 48,
         max_response_tokens: 4096,
         sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
+        prompt_template: None,
     };
     let mut engine = Engine::new(&lm);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -147,10 +148,13 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     assert!(cost.prefill_tokens < reencode, "prefill {} vs re-encoding {}", cost.prefill_tokens, reencode);
     rollout.release(&mut engine);
 
-    // Chain GRPO with n = 3: three one-chain trees, no forks.
+    // Chain GRPO with n = 3: three one-chain trees, no forks; with a custom prompt template.
+    let config = AgentConfig { prompt_template: Some("Custom agent prompt. Q: {question}\n".into()), ..config };
     let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
     let chains = r.run(&task, TreeShape::chain(3), &mut rng).unwrap();
     assert_eq!(r.cost.forks, 0);
+    let prompt = tok.decode(&chains.prompt_tokens, false).unwrap();
+    assert!(prompt.contains("<|im_start|>user\nCustom agent prompt. Q: "), "{prompt}");
     assert_eq!(chains.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 3);
     assert_eq!(training_rows(&chains, 1, 1, 4096, &mut rng).unwrap().len(), 3);
 }
@@ -181,6 +185,7 @@ fn budget_of_tree_and_chain_rollouts() {
         max_obs_tokens: 48,
         max_response_tokens: 4096,
         sampling: SamplingParams { max_new_tokens: 8, top_k: 64, ..SamplingParams::default() },
+        prompt_template: None,
     };
     let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1).unwrap();
     let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1).unwrap();

@@ -91,6 +91,7 @@ fn step_config(shape: TreeShape, estimator: Estimator) -> StepConfig {
             max_obs_tokens: 32,
             max_response_tokens: 512,
             sampling: SamplingParams { max_new_tokens: 6, top_k: 64, ..SamplingParams::default() },
+            prompt_template: None,
         },
         update: UpdateConfig { mini_batches: 1, micro_batch: 4, ..Default::default() },
         schedule: WarmupConstant { lr: 1e-3, warmup_steps: 0 },
@@ -132,6 +133,7 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     assert_eq!((all[0].rows, all[0].forks), (12, 8));
     assert_eq!((all[2].rows, all[2].forks), (8, 0));
     assert!(all.iter().all(|m| m.generated_tokens > 0 && m.trained_tokens > 0 && m.grad_norm > 0.0));
+    assert!(all.iter().all(|m| m.reward_check_mismatches == 0), "local reward recomputation agrees with the server");
     assert_ne!(params(&vs), initial, "the parameters changed");
     // The metrics file has one line per step with the expected fields.
     let text = std::fs::read_to_string(out.path().join("metrics.jsonl")).unwrap();

@@ -17,6 +17,7 @@ pub mod import;
 pub mod logprobs;
 pub mod model;
 pub mod optim;
+pub mod plots;
 pub mod rollout;
 pub mod tokenizer;
 pub mod train;

@@ -269,7 +269,8 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
         ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| tok_dir.join(f)).filter(|p| p.exists()).collect();
     std::fs::create_dir_all(&cfg.out_dir)?;
     std::fs::write(cfg.out_dir.join("config.toml"), toml::to_string_pretty(&cfg)?)?;
-    let step_cfg = cfg.step_config();
+    let mut step_cfg = cfg.step_config();
+    step_cfg.agent.prompt_template = cfg.prompt_template_text()?;
     let bar = indicatif::ProgressBar::new(cfg.steps);
     bar.set_position(start);
     bar.set_style(
@@ -287,14 +288,24 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
                 sampling: SamplingParams { temperature: 0.0, top_p: 1.0, ..step_cfg.agent.sampling.clone() },
                 ..step_cfg.agent.clone()
             };
-            let report = evaluate(&policy, &tok, &envs, &eval_tasks, &greedy, 16, cfg.seed)?;
-            bar.println(format!("eval after step {}:\n{}", step + 1, format_report(&report)));
-            std::fs::write(
-                cfg.out_dir.join(format!("eval-{}.json", step + 1)),
-                serde_json::to_string_pretty(&report)?,
-            )?;
+            let greedy_report = evaluate(&policy, &tok, &envs, &eval_tasks, &greedy, 16, cfg.seed)?;
+            let sampled_report = evaluate(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, 16, cfg.seed)?;
+            bar.println(format!(
+                "eval after step {} (greedy):\n{}(sampled, T={} top-p={}):\n{}",
+                step + 1,
+                format_report(&greedy_report),
+                step_cfg.agent.sampling.temperature,
+                step_cfg.agent.sampling.top_p,
+                format_report(&sampled_report)
+            ));
+            let both = serde_json::json!({ "step": step + 1, "greedy": greedy_report, "sampled": sampled_report });
+            std::fs::write(cfg.out_dir.join(format!("eval-{}.json", step + 1)), serde_json::to_string_pretty(&both)?)?;
         }
         if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) || last {
+            grove_trainer::plots::write_training_plots(
+                &cfg.out_dir,
+                &grove_trainer::plots::read_metrics(&cfg.out_dir)?,
+            )?;
             let state = TrainState { next_step: step + 1, seed: cfg.seed };
             save_checkpoint(&cfg.out_dir, &vs, &model_config, &tokenizer_files, &opt, &state)?;
         }

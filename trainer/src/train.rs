@@ -66,6 +66,9 @@ pub struct StepMetrics {
     pub trained_tokens: u64,
     pub tool_calls: u64,
     pub forks: u64,
+    /// Leaves whose answer metric, recomputed here from the decoded tokens with the `datasets`
+    /// reward functions, differs from the env-server's (should stay 0).
+    pub reward_check_mismatches: u64,
     pub rollout_seconds: f64,
     pub update_seconds: f64,
 }
@@ -107,6 +110,7 @@ pub fn train_step(
     let mut rows = Vec::new();
     let mut cost = RolloutCost::default();
     let mut metric_sum = 0.0;
+    let mut mismatches = 0u64;
     {
         let mut engine = Engine::new(policy);
         for (p, &task) in prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step).iter().enumerate() {
@@ -123,7 +127,26 @@ pub fn train_step(
             let prompt_rows = training_rows(&rollout, k, p, cfg.agent.max_response_tokens, &mut rng)?;
             for tree in &rollout.trees {
                 for leaf in tree.leaves() {
-                    metric_sum += tree.path(leaf).last().and_then(|s| s.metric).unwrap_or(0.0);
+                    let path = tree.path(leaf);
+                    let server = path.last().and_then(|s| s.metric).unwrap_or(0.0);
+                    metric_sum += server;
+                    let tokens: Vec<u32> =
+                        path.iter().flat_map(|s| s.response.iter().chain(&s.observation)).copied().collect();
+                    let text = tok.decode(&tokens, true).map_err(RolloutError::from)?;
+                    let metric = match tasks[task].metric {
+                        Some(grove_protocol::Metric::F1) => grove_datasets::Metric::F1,
+                        Some(grove_protocol::Metric::Em) => grove_datasets::Metric::Em,
+                        None => grove_datasets::metric_for_source(&tasks[task].data_source),
+                    };
+                    let local = grove_datasets::metrics::compute_reward(
+                        grove_datasets::metrics::Scored::Response(&text),
+                        &tasks[task].golden_answers,
+                        metric,
+                        grove_datasets::metrics::RewardConfig::VALIDATION,
+                    );
+                    if (local.metric_value - server).abs() > 1e-9 {
+                        mismatches += 1;
+                    }
                 }
             }
             rows.extend(prompt_rows);
@@ -156,6 +179,7 @@ pub fn train_step(
         trained_tokens: u.tokens,
         tool_calls: cost.tool_calls,
         forks: cost.forks,
+        reward_check_mismatches: mismatches,
         rollout_seconds,
         update_seconds: t.elapsed().as_secs_f64(),
     })
@@ -316,6 +340,9 @@ pub struct TrainConfig {
     pub save_every: u64,
     pub seed: u64,
     pub device: String,
+    /// A file holding the agent prompt template (`{question}` placeholder); default: the
+    /// env-server's.
+    pub prompt_template: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -354,11 +381,17 @@ impl Default for TrainConfig {
             save_every: 60,
             seed: 0,
             device: "auto".into(),
+            prompt_template: None,
         }
     }
 }
 
 impl TrainConfig {
+    /// The prompt template file's text, if one is configured.
+    pub fn prompt_template_text(&self) -> std::io::Result<Option<String>> {
+        self.prompt_template.as_ref().map(std::fs::read_to_string).transpose()
+    }
+
     pub fn step_config(&self) -> StepConfig {
         let shape = if self.method == "chain" {
             TreeShape::chain(self.chain_n)
@@ -396,6 +429,7 @@ impl TrainConfig {
                 max_new_tokens: self.max_new_tokens,
                 stop: vec!["</search>".into(), "</answer>".into()],
             },
+            prompt_template: None,
         }
     }
 }

@@ -62,6 +62,14 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(out.join("checkpoint-2/model.safetensors").exists());
     assert!(out.join("checkpoint-2/tokenizer.json").exists());
     assert!(out.join("eval-1.json").exists() && out.join("eval-2.json").exists());
+    let eval1: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("eval-1.json")).unwrap()).unwrap();
+    assert_eq!(eval1["greedy"]["all"]["questions"], 2);
+    assert_eq!(eval1["sampled"]["all"]["questions"], 2);
+    for plot in ["reward.svg", "metric.svg", "kl.svg", "entropy.svg", "tool_calls.svg"] {
+        let svg = std::fs::read_to_string(out.join(plot)).unwrap();
+        assert_eq!(svg.matches("<circle").count(), 2, "{plot}: one point per step");
+    }
     assert_eq!(std::fs::read_to_string(out.join("latest")).unwrap().trim(), "checkpoint-2");
 
     let status =

@@ -4,7 +4,11 @@ use grove_trainer::optim::{AdamW, AdamWConfig};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
+/// libtorch's RNG is global and these tests run in parallel: seed and draw under one lock.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn problem() -> (Tensor, Tensor) {
+    let _guard = RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(3);
     let x = Tensor::randn([64, 4], (Kind::Float, Device::Cpu));
     let y = x.matmul(&Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0]).view([4, 1]));
@@ -12,6 +16,7 @@ fn problem() -> (Tensor, Tensor) {
 }
 
 fn model(vs: &nn::VarStore) -> nn::Linear {
+    let _guard = RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(7);
     nn::linear(vs.root() / "fc", 4, 1, Default::default())
 }

@@ -43,8 +43,12 @@ impl EnvClient {
         Ok(Self { rt, client })
     }
 
-    fn create(&self, tasks: Vec<TaskSpec>, max_turns: u32) -> Result<Vec<(EpisodeId, String)>, RolloutError> {
-        let opts = EpisodeOptions { max_turns: Some(max_turns), ..Default::default() };
+    fn create(&self, tasks: Vec<TaskSpec>, config: &AgentConfig) -> Result<Vec<(EpisodeId, String)>, RolloutError> {
+        let opts = EpisodeOptions {
+            max_turns: Some(config.max_turns),
+            prompt_template: config.prompt_template.clone(),
+            ..Default::default()
+        };
         self.rt
             .block_on(self.client.create_episodes(tasks, opts))?
             .into_iter()
@@ -94,11 +98,20 @@ pub struct AgentConfig {
     pub max_response_tokens: usize,
     /// Per-turn sampling; `max_new_tokens` is the per-turn generation cap.
     pub sampling: SamplingParams,
+    /// The agent prompt with a `{question}` placeholder; `None` takes the env-server's default
+    /// (our wording of the Search-R1 instruction).
+    pub prompt_template: Option<String>,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        Self { max_turns: 3, max_obs_tokens: 500, max_response_tokens: 4096, sampling: SamplingParams::default() }
+        Self {
+            max_turns: 3,
+            max_obs_tokens: 500,
+            max_response_tokens: 4096,
+            sampling: SamplingParams::default(),
+            prompt_template: None,
+        }
     }
 }
 
@@ -252,7 +265,7 @@ impl Rollout<'_, '_> {
         rng: &mut impl Rng,
     ) -> Result<PromptRollout, RolloutError> {
         let before = self.engine.stats;
-        let starts = self.env.create(vec![task.clone(); shape.m], self.config.max_turns)?;
+        let starts = self.env.create(vec![task.clone(); shape.m], self.config)?;
         let prompt_text = self.tok.apply_chat_template(
             &[ChatMessage::new("user", starts.first().map(|s| s.1.clone()).unwrap_or_default())],
             true,
@@ -306,7 +319,7 @@ impl Rollout<'_, '_> {
     /// Returns each task's steps; the episodes are closed and the sequences released.
     pub fn run_chains(&mut self, tasks: &[TaskSpec], seed: u64) -> Result<Vec<Vec<StepRecord>>, RolloutError> {
         let before = self.engine.stats;
-        let starts = self.env.create(tasks.to_vec(), self.config.max_turns)?;
+        let starts = self.env.create(tasks.to_vec(), self.config)?;
         let mut rows = Vec::with_capacity(tasks.len());
         for (i, (episode, prompt)) in starts.iter().enumerate() {
             let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.clone())], true)?;
