@@ -36,6 +36,9 @@ pub struct StepReport {
 pub struct AdamW {
     pub config: AdamWConfig,
     params: Vec<(String, Tensor)>,
+    /// f32 master copies of parameters stored in lower precision (bf16 on CUDA): updates too small
+    /// for bf16 accumulate here instead of being rounded away.
+    master: Vec<Option<Tensor>>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     /// Optimiser steps taken (for bias correction).
@@ -55,7 +58,9 @@ impl AdamW {
         let zeros = |p: &Tensor| Tensor::zeros_like(p).to_kind(Kind::Float);
         let exp_avg = params.iter().map(|(_, p)| zeros(p)).collect();
         let exp_avg_sq = params.iter().map(|(_, p)| zeros(p)).collect();
-        Self { config, params, exp_avg, exp_avg_sq, step: 0 }
+        let master =
+            params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| p.detach().to_kind(Kind::Float))).collect();
+        Self { config, params, master, exp_avg, exp_avg_sq, step: 0 }
     }
 
     pub fn zero_grad(&mut self) {
@@ -108,19 +113,35 @@ impl AdamW {
                 let denom = (&*v / bc2).sqrt() + c.eps;
                 let update = (&*m / bc1) / denom;
                 let kind = p.kind();
-                let new = p.to_kind(Kind::Float) * (1.0 - lr * c.weight_decay) - update * lr;
+                let current = match &self.master[i] {
+                    Some(m) => m.shallow_clone(),
+                    None => p.to_kind(Kind::Float),
+                };
+                let new = current * (1.0 - lr * c.weight_decay) - update * lr;
                 p.copy_(&new.to_kind(kind));
+                if let Some(m) = &mut self.master[i] {
+                    m.copy_(&new);
+                }
             }
         });
         StepReport { grad_norm, applied: true }
     }
 
-    /// Save the moments and the step count as safetensors.
+    /// The f32 master copy of a parameter kept in lower precision, if it has one.
+    pub fn master_copy(&self, name: &str) -> Option<&Tensor> {
+        let i = self.params.iter().position(|(n, _)| n == name)?;
+        self.master[i].as_ref()
+    }
+
+    /// Save the moments, the f32 master weights (if any) and the step count as safetensors.
     pub fn save(&self, path: &Path) -> Result<(), tch::TchError> {
         let mut out: Vec<(String, Tensor)> = Vec::new();
         for (i, (name, _)) in self.params.iter().enumerate() {
             out.push((format!("exp_avg.{name}"), self.exp_avg[i].to_device(tch::Device::Cpu)));
             out.push((format!("exp_avg_sq.{name}"), self.exp_avg_sq[i].to_device(tch::Device::Cpu)));
+            if let Some(m) = &self.master[i] {
+                out.push((format!("master.{name}"), m.to_device(tch::Device::Cpu)));
+            }
         }
         out.push(("step".into(), Tensor::from_slice(&[self.step])));
         Tensor::write_safetensors(&out, path)
@@ -139,6 +160,13 @@ impl AdamW {
                 if t.size() != p.size() {
                     return Err(OptimStateError::Shape(key));
                 }
+                *slot = t.to_device(p.device()).to_kind(Kind::Float);
+            }
+        }
+        for (i, (name, p)) in self.params.iter().enumerate() {
+            if let Some(slot) = &mut self.master[i] {
+                let key = format!("master.{name}");
+                let t = saved.get(&key).ok_or_else(|| OptimStateError::Missing(key.clone()))?;
                 *slot = t.to_device(p.device()).to_kind(Kind::Float);
             }
         }

@@ -107,3 +107,32 @@ fn save_and_resume_is_exact() {
     };
     assert_eq!(run(10, None), run(10, Some(4)));
 }
+
+#[test]
+fn bf16_parameters_keep_an_f32_master_copy() {
+    let (x, y) = problem();
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let m = model(&vs);
+    vs.set_kind(Kind::BFloat16);
+    let mut opt = AdamW::new(&vs, AdamWConfig { weight_decay: 0.0, max_grad_norm: None, ..Default::default() });
+    let weight = || vs.variables()["fc.weight"].to_kind(Kind::Float);
+    let start = weight();
+    assert_eq!(opt.master_copy("fc.weight").unwrap(), &start, "the master starts as the weights");
+    opt.zero_grad();
+    m.forward(&x.to_kind(Kind::BFloat16)).to_kind(Kind::Float).mse_loss(&y, tch::Reduction::Mean).backward();
+    opt.step(1e-6);
+    // A step far below bf16 resolution changes the f32 master but not the bf16 weights...
+    let master = opt.master_copy("fc.weight").unwrap().shallow_clone();
+    let moved = (&master - &start).abs().max().double_value(&[]);
+    assert!(moved > 5e-7 && moved < 2e-6, "master moved by {moved}");
+    assert_eq!(weight(), start);
+    // ... and the weights are always the master rounded to bf16.
+    assert_eq!(weight(), master.to_kind(Kind::BFloat16).to_kind(Kind::Float));
+    // The master copy survives a save / load.
+    let dir = tempfile::tempdir().unwrap();
+    opt.save(&dir.path().join("o.safetensors")).unwrap();
+    let mut opt2 = AdamW::new(&vs, AdamWConfig::default());
+    opt2.load(&dir.path().join("o.safetensors")).unwrap();
+    assert_eq!(opt2.master_copy("fc.weight").unwrap(), &master);
+    assert_eq!(opt2.step, 1);
+}
