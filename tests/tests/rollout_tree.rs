@@ -69,6 +69,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
         max_response_tokens: 4096,
         sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
         prompt_template: None,
+        max_context: 4096,
     };
     let mut engine = Engine::new(&lm);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -155,6 +156,14 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     assert_eq!(r.cost.forks, 0);
     let prompt = tok.decode(&chains.prompt_tokens, false).unwrap();
     assert!(prompt.contains("<|im_start|>user\nCustom agent prompt. Q: "), "{prompt}");
+    chains.release(&mut engine);
+
+    // A rolling context cap shorter than the prompt plus two turns: contexts are cut from the
+    // left and re-encoded, and the rollout still completes every chain.
+    let short = AgentConfig { max_context: chains.prompt_tokens.len() + 8, ..config.clone() };
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &short, cost: Default::default() };
+    let cut = r.run(&task, TreeShape::chain(2), &mut rng).unwrap();
+    assert_eq!(cut.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 2);
     assert_eq!(chains.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 3);
     assert_eq!(training_rows(&chains, 1, 1, 4096, &mut rng).unwrap().len(), 3);
 }
@@ -186,6 +195,7 @@ fn budget_of_tree_and_chain_rollouts() {
         max_response_tokens: 4096,
         sampling: SamplingParams { max_new_tokens: 8, top_k: 64, ..SamplingParams::default() },
         prompt_template: None,
+        max_context: 4096,
     };
     let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1).unwrap();
     let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1).unwrap();

@@ -329,6 +329,8 @@ pub struct TrainConfig {
     pub max_obs_tokens: usize,
     pub max_new_tokens: usize,
     pub max_response_tokens: usize,
+    /// Rolling context cap (the reference's `max_prompt_length`).
+    pub max_context: usize,
     pub temperature: f64,
     pub top_p: f64,
     pub micro_batch: usize,
@@ -370,6 +372,7 @@ impl Default for TrainConfig {
             max_obs_tokens: 500,
             max_new_tokens: 500,
             max_response_tokens: 4096,
+            max_context: 4096,
             temperature: 1.0,
             top_p: 0.95,
             micro_batch: 8,
@@ -430,6 +433,7 @@ impl TrainConfig {
                 stop: vec!["</search>".into(), "</answer>".into()],
             },
             prompt_template: None,
+            max_context: self.max_context,
         }
     }
 }

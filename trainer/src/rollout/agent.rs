@@ -101,6 +101,9 @@ pub struct AgentConfig {
     /// The agent prompt with a `{question}` placeholder; `None` takes the env-server's default
     /// (our wording of the Search-R1 instruction).
     pub prompt_template: Option<String>,
+    /// Rolling context cap (`max_prompt_length`, 4096 for QA): a longer context is cut from the
+    /// left before generating, and re-encoded (positions restart at 0, as in the reference).
+    pub max_context: usize,
 }
 
 impl Default for AgentConfig {
@@ -111,6 +114,7 @@ impl Default for AgentConfig {
             max_response_tokens: 4096,
             sampling: SamplingParams::default(),
             prompt_template: None,
+            max_context: 4096,
         }
     }
 }
@@ -218,6 +222,9 @@ impl Rollout<'_, '_> {
     fn continue_rows(&mut self, rows: &mut [Row]) -> Result<(), RolloutError> {
         let mut active: Vec<usize> = (0..rows.len()).collect();
         while !active.is_empty() {
+            for &i in &active {
+                self.truncate_context(&mut rows[i])?;
+            }
             let seqs: Vec<SeqId> = active.iter().map(|&i| rows[i].seq).collect();
             let gens = self.engine.generate(&seqs, &self.config.sampling, self.tok)?;
             let actions = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
@@ -254,6 +261,21 @@ impl Rollout<'_, '_> {
             }
             active = still;
         }
+        Ok(())
+    }
+
+    /// Cut a context longer than `max_context` from the left (a new sequence, re-encoded).
+    fn truncate_context(&mut self, row: &mut Row) -> Result<(), RolloutError> {
+        let Some(tokens) = self.engine.tokens(row.seq) else { return Ok(()) };
+        let max = self.config.max_context.max(1);
+        if tokens.len() <= max {
+            return Ok(());
+        }
+        let kept = tokens[tokens.len() - max..].to_vec();
+        let seed = row.seq.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let fresh = self.engine.add(kept, seed)?;
+        self.engine.remove(row.seq);
+        row.seq = fresh;
         Ok(())
     }
 
