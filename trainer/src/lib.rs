@@ -19,5 +19,6 @@ pub mod model;
 pub mod optim;
 pub mod plots;
 pub mod rollout;
+pub mod sft;
 pub mod tokenizer;
 pub mod train;

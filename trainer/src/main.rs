@@ -86,6 +86,24 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
+    /// Supervised fine-tuning on trajectory JSONL (`{prompt, steps: [{action, observation}]}`):
+    /// loss on the actions only; writes an HF folder.
+    Sft {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
+        #[arg(long, default_value_t = 1e-5)]
+        lr: f64,
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        #[arg(long, default_value = "auto")]
+        device: DeviceRequest,
+    },
     /// Budget accounting: a tree shape and chain GRPO on the same prompts, with their costs.
     Budget {
         #[arg(long)]
@@ -214,6 +232,31 @@ fn main() -> Result<()> {
                 grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape::chain(chain_n), 0)?,
             ];
             print!("{}", grove_trainer::budget::format_rows(&rows));
+        }
+        Command::Sft { model, data, out, epochs, lr, batch, device } => {
+            let placement = place(device)?;
+            let (vs, lm) = load_model(&model, placement.device, placement.kind)?;
+            let tok = Tokenizer::from_dir(&model)?;
+            let rows = grove_trainer::sft::load_trajectories(&data)?
+                .iter()
+                .map(|t| grove_trainer::sft::tokenize(&tok, t))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut opt = AdamW::new(&vs, AdamWConfig::default());
+            eprintln!("{} trajectories, action NLL {:.4}", rows.len(), grove_trainer::sft::evaluate_nll(&lm, &rows));
+            for epoch in 0..epochs {
+                let losses = grove_trainer::sft::sft_epoch(&lm, &mut opt, &rows, batch, lr);
+                let mean = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
+                eprintln!("epoch {}: mean step loss {mean:.4}", epoch + 1);
+            }
+            eprintln!("action NLL after SFT {:.4}", grove_trainer::sft::evaluate_nll(&lm, &rows));
+            let config = std::fs::read_to_string(model.join("config.json"))?;
+            let files: Vec<PathBuf> = ["tokenizer.json", "tokenizer_config.json"]
+                .iter()
+                .map(|f| model.join(f))
+                .filter(|p| p.exists())
+                .collect();
+            grove_trainer::model::save_model(&vs, &config, &out, tch::Kind::Float, &files)?;
+            println!("wrote {}", out.display());
         }
         Command::Bench { model, device, new_tokens } => {
             let placement = place(device)?;

@@ -134,3 +134,66 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("modle"));
 }
+
+#[test]
+fn sft_learns_the_actions_and_masks_the_observations() {
+    use grove_trainer::sft::{SftStep, Trajectory, evaluate_nll, load_trajectories, sft_epoch, tokenize};
+    let work = tempfile::tempdir().unwrap();
+    let model = work.path().join("model");
+    tiny_model_folder(&model);
+    let trajectories: Vec<Trajectory> = (0..4)
+        .map(|i| Trajectory {
+            prompt: format!("Question {i}: who designed bridge {i}?"),
+            steps: vec![
+                SftStep {
+                    action: format!("<think>search it</think>\n<search> bridge {i} </search>"),
+                    observation: format!(
+                        "\n\n<information>Doc 1(Title: \"Bridge {i}\") designed by Ada {i}.\n</information>\n\n"
+                    ),
+                },
+                SftStep {
+                    action: format!("<think>found</think>\n<answer> Ada {i} </answer>"),
+                    observation: String::new(),
+                },
+            ],
+        })
+        .collect();
+    let data = work.path().join("sft.jsonl");
+    let lines: Vec<String> = trajectories.iter().map(|t| serde_json::to_string(t).unwrap()).collect();
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    assert_eq!(load_trajectories(&data).unwrap(), trajectories);
+
+    let tok = grove_trainer::tokenizer::Tokenizer::from_dir(&model).unwrap();
+    let rows: Vec<_> = trajectories.iter().map(|t| tokenize(&tok, t).unwrap()).collect();
+    // Observation tokens carry mask 0, action tokens 1.
+    let obs_len = tok.encode(&trajectories[0].steps[0].observation).unwrap().len();
+    let act_len = tok.encode(&trajectories[0].steps[0].action).unwrap().len();
+    assert_eq!(rows[0].loss_mask[..act_len], vec![1; act_len][..]);
+    assert_eq!(rows[0].loss_mask[act_len..act_len + obs_len], vec![0; obs_len][..]);
+
+    let (vs, lm) = grove_trainer::model::load_model(&model, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let mut opt = grove_trainer::optim::AdamW::new(&vs, Default::default());
+    let before = evaluate_nll(&lm, &rows);
+    for _ in 0..30 {
+        sft_epoch(&lm, &mut opt, &rows, 4, 1e-2);
+    }
+    let after = evaluate_nll(&lm, &rows);
+    assert!(after < 0.5 * before, "action NLL {before} -> {after}");
+
+    // The command writes a loadable model folder.
+    let out = work.path().join("sft-out");
+    let status = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["sft", "--device", "cpu", "--epochs", "1", "--batch", "2", "--model"])
+        .arg(&model)
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(grove_trainer::model::load_model(&out, tch::Device::Cpu, tch::Kind::Float).is_ok());
+    // A broken line is reported with its line number.
+    std::fs::write(&data, format!("{}\n{{\"prompt\": 1}}\n", lines[0])).unwrap();
+    assert!(load_trajectories(&data).unwrap_err().to_string().contains("sft.jsonl:2"));
+}
