@@ -19,6 +19,7 @@ pub mod model;
 pub mod optim;
 pub mod plots;
 pub mod rollout;
+pub mod scratch;
 pub mod sft;
 pub mod tokenizer;
 pub mod train;

@@ -104,6 +104,26 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
+    /// A small policy from scratch: train a BPE tokenizer on a wiki-18 corpus (and QA questions),
+    /// then write a randomly initialised Qwen2 model with it as an HF folder.
+    InitSmall {
+        /// wiki-18 JSONL corpus.
+        #[arg(long)]
+        corpus: PathBuf,
+        /// QA JSONL whose questions join the tokenizer's training text.
+        #[arg(long)]
+        questions: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 4096)]
+        vocab: usize,
+        #[arg(long, default_value_t = 128)]
+        hidden: i64,
+        #[arg(long, default_value_t = 4)]
+        layers: i64,
+        #[arg(long, default_value_t = 0)]
+        seed: i64,
+    },
     /// Budget accounting: a tree shape and chain GRPO on the same prompts, with their costs.
     Budget {
         #[arg(long)]
@@ -257,6 +277,30 @@ fn main() -> Result<()> {
                 .collect();
             grove_trainer::model::save_model(&vs, &config, &out, tch::Kind::Float, &files)?;
             println!("wrote {}", out.display());
+        }
+        Command::InitSmall { corpus, questions, out, vocab, hidden, layers, seed } => {
+            let mut texts: Vec<String> = grove_datasets::loaders::load_wiki18(&corpus, grove_datasets::OnBadRow::Fail)?
+                .items
+                .iter()
+                .map(|p| p.contents())
+                .collect();
+            if let Some(q) = questions {
+                texts.extend(
+                    grove_datasets::loaders::load_qa_jsonl(&q, "qa", None, grove_datasets::OnBadRow::Fail)?
+                        .items
+                        .into_iter()
+                        .map(|e| e.question),
+                );
+            }
+            let vocab = grove_trainer::scratch::train_bpe(&texts, vocab, &out)?;
+            let shape = grove_trainer::scratch::SmallModel {
+                hidden,
+                layers,
+                intermediate: hidden * 3,
+                ..grove_trainer::scratch::SmallModel::default()
+            };
+            let params = grove_trainer::scratch::init_model(&out, vocab, shape, seed)?;
+            println!("wrote {} (vocab {vocab}, {params} parameters)", out.display());
         }
         Command::Bench { model, device, new_tokens } => {
             let placement = place(device)?;
