@@ -20,6 +20,7 @@ pub mod optim;
 pub mod plots;
 pub mod rollout;
 pub mod scratch;
+pub mod scripted;
 pub mod sft;
 pub mod tokenizer;
 pub mod train;

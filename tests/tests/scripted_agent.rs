@@ -1,0 +1,47 @@
+//! The scripted warm-start agent plays the synthetic world through a real env-server: perfect
+//! when told to be, deliberately imperfect by default, and its trajectories feed SFT.
+
+use std::sync::Arc;
+
+use grove_datasets::synthetic::{World, WorldConfig};
+use grove_env_server::config::ServerConfig;
+use grove_env_server::search::LocalIndex;
+use grove_env_server::{Backends, run};
+use grove_trainer::rollout::agent::EnvClient;
+use grove_trainer::scripted::{ScriptConfig, play};
+
+#[test]
+fn scripted_agent_plays_the_world() {
+    let world = World::generate(&WorldConfig::default());
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("world.jsonl");
+    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
+    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
+    let env = EnvClient::connect(&url, Default::default()).unwrap();
+    let mut questions = world.questions(2, 20, 4);
+    questions.extend(world.questions(3, 20, 4));
+
+    let perfect =
+        play(&world, &questions, &env, &ScriptConfig { early_answer: 0.0, vague_query: 0.0, ..Default::default() })
+            .unwrap();
+    assert_eq!(perfect.len(), 40);
+    for p in &perfect {
+        assert!(p.correct && p.reward == 1.0, "{:?}", p.trajectory);
+        // Every search found the entity it looked for: BM25 over the world answers by name.
+        let hops = p.trajectory.steps.len() - 1;
+        assert!((2..=3).contains(&hops));
+        for step in &p.trajectory.steps[..hops] {
+            assert!(step.observation.contains("<information>Doc 1(Title:"), "{}", step.observation);
+        }
+    }
+    let imperfect = play(&world, &questions, &env, &ScriptConfig::default()).unwrap();
+    let rate = imperfect.iter().filter(|p| p.correct).count() as f64 / imperfect.len() as f64;
+    assert!((0.4..0.95).contains(&rate), "success rate {rate}");
+    // Wrong answers are well formed: the format score 0.2, not 0.
+    assert!(imperfect.iter().filter(|p| !p.correct).all(|p| (p.reward - 0.2).abs() < 1e-9));
+    assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+}
