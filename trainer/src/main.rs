@@ -83,6 +83,9 @@ enum Command {
         max_new_tokens: usize,
         #[arg(long)]
         max_questions: Option<usize>,
+        /// Keep only questions whose metadata flag is true (e.g. `answer_in_passage`).
+        #[arg(long)]
+        only: Option<String>,
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
@@ -103,6 +106,26 @@ enum Command {
         batch: usize,
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
+    },
+    /// Play the synthetic world with the scripted, imperfect agent through an env-server and write
+    /// the trajectories (SFT JSONL).
+    Warmstart {
+        #[arg(long, default_value = "ws://127.0.0.1:8000/")]
+        env: String,
+        /// Seed of the synthetic world (the env-server must serve the same world).
+        #[arg(long, default_value_t = 0)]
+        world_seed: u64,
+        #[arg(long, default_value_t = 1)]
+        world_scale: usize,
+        /// Questions per hop count (2 and 3 hops).
+        #[arg(long, default_value_t = 100)]
+        questions: usize,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0.25)]
+        early_answer: f64,
+        #[arg(long, default_value_t = 0.15)]
+        vague_query: f64,
     },
     /// A small policy from scratch: train a BPE tokenizer on a wiki-18 corpus (and QA questions),
     /// then write a randomly initialised Qwen2 model with it as an HF folder.
@@ -201,12 +224,23 @@ fn main() -> Result<()> {
             );
         }
         Command::Train { config, resume, steps, out_dir } => train(&config, resume, steps, out_dir)?,
-        Command::Eval { model, env, data, data_source, sampled, max_turns, max_new_tokens, max_questions, device } => {
+        Command::Eval {
+            model,
+            env,
+            data,
+            data_source,
+            sampled,
+            max_turns,
+            max_new_tokens,
+            max_questions,
+            only,
+            device,
+        } => {
             let placement = place(device)?;
             let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
             let tok = Tokenizer::from_dir(&model)?;
             let client = EnvClient::connect(&env, Default::default())?;
-            let mut tasks = load_tasks(&data, &data_source)?;
+            let mut tasks = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
             tasks.truncate(max_questions.unwrap_or(usize::MAX));
             let agent = AgentConfig {
                 max_turns,
@@ -277,6 +311,20 @@ fn main() -> Result<()> {
                 .collect();
             grove_trainer::model::save_model(&vs, &config, &out, tch::Kind::Float, &files)?;
             println!("wrote {}", out.display());
+        }
+        Command::Warmstart { env, world_seed, world_scale, questions, out, early_answer, vague_query } => {
+            use grove_datasets::synthetic::{World, WorldConfig};
+            let world = World::generate(&WorldConfig::scaled(world_seed, world_scale));
+            let mut qs = world.questions(2, questions, 1);
+            qs.extend(world.questions(3, questions, 1));
+            let client = EnvClient::connect(&env, Default::default())?;
+            let cfg = grove_trainer::scripted::ScriptConfig { early_answer, vague_query, ..Default::default() };
+            let played = grove_trainer::scripted::play(&world, &qs, &client, &cfg)?;
+            let lines: Vec<String> =
+                played.iter().map(|p| serde_json::to_string(&p.trajectory)).collect::<Result<_, _>>()?;
+            std::fs::write(&out, lines.join("\n") + "\n")?;
+            let correct = played.iter().filter(|p| p.correct).count();
+            println!("wrote {} trajectories to {} ({correct} correct)", played.len(), out.display());
         }
         Command::InitSmall { corpus, questions, out, vocab, hidden, layers, seed } => {
             let mut texts: Vec<String> = grove_datasets::loaders::load_wiki18(&corpus, grove_datasets::OnBadRow::Fail)?

@@ -443,6 +443,16 @@ pub fn load_tasks(
     path: &Path,
     data_source: &str,
 ) -> Result<Vec<grove_protocol::TaskSpec>, grove_datasets::DatasetError> {
+    load_tasks_where(path, data_source, None)
+}
+
+/// As [`load_tasks`], keeping only rows whose metadata has `flag` set to true (e.g.
+/// `answer_in_passage` for the FanOutQA questions the mini-Wikipedia corpus answers).
+pub fn load_tasks_where(
+    path: &Path,
+    data_source: &str,
+    flag: Option<&str>,
+) -> Result<Vec<grove_protocol::TaskSpec>, grove_datasets::DatasetError> {
     use grove_datasets::loaders::{load_qa_jsonl, load_searchr1_parquet};
     let examples = if path.extension().is_some_and(|e| e == "parquet") {
         load_searchr1_parquet(path, grove_datasets::OnBadRow::Fail)?.items
@@ -451,6 +461,7 @@ pub fn load_tasks(
     };
     Ok(examples
         .into_iter()
+        .filter(|e| flag.is_none_or(|f| e.metadata.get(f).and_then(serde_json::Value::as_bool) == Some(true)))
         .map(|e| {
             let metric = match e.metric() {
                 grove_datasets::Metric::Em => grove_protocol::Metric::Em,

@@ -104,6 +104,12 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
     let table = String::from_utf8_lossy(&eval.stdout);
     assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
+    // The scripted warm-start agent writes SFT trajectories for the same world.
+    let traj = work.path().join("warm.jsonl");
+    let warm =
+        Command::new(bin).args(["warmstart", "--questions", "3", "--env", &url, "--out"]).arg(&traj).output().unwrap();
+    assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
+    assert_eq!(grove_trainer::sft::load_trajectories(&traj).unwrap().len(), 6);
     // Budget accounting from the command line.
     let budget = Command::new(bin)
         .args([
