@@ -16,3 +16,48 @@ pub fn shared_dir() -> PathBuf {
 pub fn fixture(name: &str) -> PathBuf {
     shared_dir().join("fixtures").join(name)
 }
+
+/// An env-server on `127.0.0.1:0`, in this process, serving BM25 over a synthetic world.
+#[derive(Debug)]
+pub struct WorldServer {
+    pub url: String,
+    _rt: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl WorldServer {
+    pub fn start(world: &grove_datasets::synthetic::World) -> WorldServer {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("world.jsonl");
+        grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
+        let index = grove_env_server::search::LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let url = format!("ws://{}/", listener.local_addr().unwrap());
+        let backends = grove_env_server::Backends::new("local", std::sync::Arc::new(index));
+        rt.spawn(grove_env_server::run(listener, Default::default(), backends, std::future::pending()));
+        WorldServer { url, _rt: rt, _dir: dir }
+    }
+}
+
+/// The `config.json` of the tiny Qwen2 policy the training tests use.
+pub fn tiny_config_json(vocab: usize) -> String {
+    format!(
+        r#"{{"model_type": "qwen2", "vocab_size": {vocab}, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}}"#
+    )
+}
+
+/// Initialisation reads libtorch's global RNG: tests running in parallel take turns.
+static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A freshly initialised tiny Qwen2 policy, the same weights every time.
+pub fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, grove_trainer::model::CausalLm) {
+    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let config = grove_trainer::model::ModelConfig::from_json(&tiny_config_json(vocab)).unwrap();
+    let lm = grove_trainer::model::CausalLm::new(&vs.root(), config);
+    (vs, lm)
+}

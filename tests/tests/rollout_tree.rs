@@ -2,49 +2,15 @@
 //! env-server over the synthetic world: tree shape, forks made on the server at the picked steps,
 //! observation tokens masked out of the loss, KV-prefix reuse.
 
-use std::sync::Arc;
-
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_env_server::config::ServerConfig;
-use grove_env_server::search::LocalIndex;
-use grove_env_server::{Backends, run};
+use grove_tests::{WorldServer, tiny_policy};
 use grove_trainer::generate::{Engine, SamplingParams};
-use grove_trainer::model::{CausalLm, ModelConfig};
 use grove_trainer::rollout::agent::{AgentConfig, EnvClient, Rollout, TreeShape, training_rows};
+use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-struct Server {
-    url: String,
-    _rt: tokio::runtime::Runtime,
-    _dir: tempfile::TempDir,
-}
-
-fn server(world: &World) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("world.jsonl");
-    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
-    Server { url, _rt: rt, _dir: dir }
-}
-
-fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, CausalLm) {
-    tch::manual_seed(0);
-    let cfg = format!(
-        r#"{{"model_type": "qwen2", "vocab_size": {vocab}, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}}"#
-    );
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let lm = CausalLm::new(&vs.root(), ModelConfig::from_json(&cfg).unwrap());
-    (vs, lm)
-}
 
 #[test]
 fn tree_and_chain_rollouts_against_a_real_env_server() {
@@ -53,16 +19,9 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();
     let (_vs, lm) = tiny_policy(tok.vocab_size());
     let world = World::generate(&WorldConfig::default());
-    let srv = server(&world);
+    let srv = WorldServer::start(&world);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
-    let question = &world.questions(2, 1, 3)[0].example;
-    let task = grove_protocol::TaskSpec {
-        question: question.question.clone(),
-        golden_answers: question.golden_answers.clone(),
-        data_source: question.data_source.clone(),
-        task_id: Some(question.id.clone()),
-        metric: Some(grove_protocol::Metric::Em),
-    };
+    let task = task_of(&world.questions(2, 1, 3)[0]);
     let config = AgentConfig {
         max_turns: 2,
         max_obs_tokens: 48,
@@ -176,19 +135,9 @@ fn budget_of_tree_and_chain_rollouts() {
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();
     let (_vs, lm) = tiny_policy(tok.vocab_size());
     let world = World::generate(&WorldConfig::default());
-    let srv = server(&world);
+    let srv = WorldServer::start(&world);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
-    let tasks: Vec<grove_protocol::TaskSpec> = world
-        .questions(2, 2, 5)
-        .into_iter()
-        .map(|q| grove_protocol::TaskSpec {
-            question: q.example.question,
-            golden_answers: q.example.golden_answers,
-            data_source: q.example.data_source,
-            task_id: None,
-            metric: None,
-        })
-        .collect();
+    let tasks: Vec<grove_protocol::TaskSpec> = world.questions(2, 2, 5).iter().map(task_of).collect();
     let agent = AgentConfig {
         max_turns: 2,
         max_obs_tokens: 48,

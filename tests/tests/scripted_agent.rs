@@ -1,27 +1,16 @@
 //! The scripted warm-start agent plays the synthetic world through a real env-server: perfect
 //! when told to be, deliberately imperfect by default, and its trajectories feed SFT.
 
-use std::sync::Arc;
-
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_env_server::config::ServerConfig;
-use grove_env_server::search::LocalIndex;
-use grove_env_server::{Backends, run};
+use grove_tests::WorldServer;
 use grove_trainer::rollout::agent::EnvClient;
 use grove_trainer::scripted::{ScriptConfig, play};
 
 #[test]
 fn scripted_agent_plays_the_world() {
     let world = World::generate(&WorldConfig::default());
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("world.jsonl");
-    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
-    let env = EnvClient::connect(&url, Default::default()).unwrap();
+    let srv = WorldServer::start(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
     let mut questions = world.questions(2, 20, 4);
     questions.extend(world.questions(3, 20, 4));
 

@@ -3,63 +3,21 @@
 //! parameters and write the metrics; a run stopped after one step and resumed from its
 //! checkpoint ends with exactly the parameters of an uninterrupted run.
 
-use std::sync::Arc;
-
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_env_server::config::ServerConfig;
-use grove_env_server::search::LocalIndex;
-use grove_env_server::{Backends, run};
+use grove_tests::{WorldServer, tiny_config_json, tiny_policy};
 use grove_trainer::algo::advantage::Estimator;
 use grove_trainer::algo::schedule::WarmupConstant;
 use grove_trainer::algo::update::UpdateConfig;
 use grove_trainer::generate::SamplingParams;
-use grove_trainer::model::{CausalLm, ModelConfig};
 use grove_trainer::optim::{AdamW, AdamWConfig};
 use grove_trainer::rollout::agent::{AgentConfig, EnvClient, TreeShape};
+use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
 use grove_trainer::train::{
     StepConfig, StepMetrics, TrainState, append_metrics, latest_checkpoint, load_checkpoint, save_checkpoint,
     train_step,
 };
-
-struct Server {
-    url: String,
-    _rt: tokio::runtime::Runtime,
-    _dir: tempfile::TempDir,
-}
-
-fn server(world: &World) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("world.jsonl");
-    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
-    Server { url, _rt: rt, _dir: dir }
-}
-
-fn config_json(vocab: usize) -> String {
-    format!(
-        r#"{{"model_type": "qwen2", "vocab_size": {vocab}, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}}"#
-    )
-}
-
-/// Initialisation reads libtorch's global RNG: tests running in parallel take turns.
-static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// A freshly initialised tiny policy (the same weights every time).
-fn policy(vocab: usize) -> (tch::nn::VarStore, CausalLm) {
-    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(0);
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let lm = CausalLm::new(&vs.root(), ModelConfig::from_json(&config_json(vocab)).unwrap());
-    (vs, lm)
-}
 
 fn params(vs: &tch::nn::VarStore) -> Vec<f32> {
     let mut v: Vec<_> = vs.variables().into_iter().collect();
@@ -68,17 +26,7 @@ fn params(vs: &tch::nn::VarStore) -> Vec<f32> {
 }
 
 fn tasks(world: &World) -> Vec<grove_protocol::TaskSpec> {
-    world
-        .questions(2, 6, 1)
-        .into_iter()
-        .map(|q| grove_protocol::TaskSpec {
-            question: q.example.question,
-            golden_answers: q.example.golden_answers,
-            data_source: q.example.data_source,
-            task_id: Some(q.example.id),
-            metric: Some(grove_protocol::Metric::Em),
-        })
-        .collect()
+    world.questions(2, 6, 1).iter().map(task_of).collect()
 }
 
 fn step_config(shape: TreeShape, estimator: Estimator) -> StepConfig {
@@ -111,14 +59,14 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     let tok = tokenizer();
     let world = World::generate(&WorldConfig::default());
     // Two env-servers: prompts are sharded over them, forks stay on their prompt's server.
-    let (srv1, srv2) = (server(&world), server(&world));
+    let (srv1, srv2) = (WorldServer::start(&world), WorldServer::start(&world));
     let envs = [
         EnvClient::connect(&srv1.url, Default::default()).unwrap(),
         EnvClient::connect(&srv2.url, Default::default()).unwrap(),
     ];
     let tasks = tasks(&world);
-    let (vs, lm) = policy(tok.vocab_size());
-    let (_rvs, reference) = policy(tok.vocab_size());
+    let (vs, lm) = tiny_policy(tok.vocab_size());
+    let (_rvs, reference) = tiny_policy(tok.vocab_size());
     let mut opt = AdamW::new(&vs, AdamWConfig::default());
     let out = tempfile::tempdir().unwrap();
     let initial = params(&vs);
@@ -172,13 +120,13 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
 fn resume_from_a_checkpoint_is_exact() {
     let tok = tokenizer();
     let world = World::generate(&WorldConfig::default());
-    let srv = server(&world);
+    let srv = WorldServer::start(&world);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
     let tasks = tasks(&world);
     let cfg = step_config(TreeShape { m: 2, n: 1, l: 1, k: 2 }, Estimator::Tree);
-    let (_rvs, reference) = policy(tok.vocab_size());
+    let (_rvs, reference) = tiny_policy(tok.vocab_size());
     // Three steps straight.
-    let (vs_a, lm_a) = policy(tok.vocab_size());
+    let (vs_a, lm_a) = tiny_policy(tok.vocab_size());
     let mut opt_a = AdamW::new(&vs_a, AdamWConfig::default());
     for step in 0..3 {
         train_step(&lm_a, &reference, &mut opt_a, &tok, std::slice::from_ref(&env), &tasks, &cfg, step).unwrap();
@@ -186,13 +134,13 @@ fn resume_from_a_checkpoint_is_exact() {
     // One step, a checkpoint, a fresh process state, then two more.
     let dir = tempfile::tempdir().unwrap();
     {
-        let (vs_b, lm_b) = policy(tok.vocab_size());
+        let (vs_b, lm_b) = tiny_policy(tok.vocab_size());
         let mut opt_b = AdamW::new(&vs_b, AdamWConfig::default());
         train_step(&lm_b, &reference, &mut opt_b, &tok, std::slice::from_ref(&env), &tasks, &cfg, 0).unwrap();
         let state = TrainState { next_step: 1, seed: cfg.seed };
-        save_checkpoint(dir.path(), &vs_b, &config_json(tok.vocab_size()), &[], &opt_b, &state).unwrap();
+        save_checkpoint(dir.path(), &vs_b, &tiny_config_json(tok.vocab_size()), &[], &opt_b, &state).unwrap();
     }
-    let (vs_c, lm_c) = policy(tok.vocab_size());
+    let (vs_c, lm_c) = tiny_policy(tok.vocab_size());
     let mut opt_c = AdamW::new(&vs_c, AdamWConfig::default());
     let ckpt = latest_checkpoint(dir.path()).unwrap();
     assert!(ckpt.ends_with("checkpoint-1"));
