@@ -192,10 +192,7 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Generate { model, prompt, chat, max_new, temperature, top_p, seed, device } => {
-            let placement = place(device)?;
-            let (_vs, lm) = load_model(&model, placement.device, placement.kind)
-                .with_context(|| format!("load {}", model.display()))?;
-            let tok = Tokenizer::from_dir(&model)?;
+            let Loaded { lm, tok, .. } = load(&model, device)?;
             let text = if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt };
             let mut engine = Engine::new(&lm);
             let seq = engine.add(tok.encode(&text)?, seed)?;
@@ -236,9 +233,7 @@ fn main() -> Result<()> {
             only,
             device,
         } => {
-            let placement = place(device)?;
-            let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
-            let tok = Tokenizer::from_dir(&model)?;
+            let Loaded { lm, tok, .. } = load(&model, device)?;
             let client = EnvClient::connect(&env, Default::default())?;
             let mut tasks = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
             tasks.truncate(max_questions.unwrap_or(usize::MAX));
@@ -270,9 +265,7 @@ fn main() -> Result<()> {
             let shape: Vec<usize> =
                 tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
             let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
-            let placement = place(device)?;
-            let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
-            let tok = Tokenizer::from_dir(&model)?;
+            let Loaded { lm, tok, .. } = load(&model, device)?;
             let client = EnvClient::connect(&env, Default::default())?;
             let mut tasks = load_tasks(&data, &data_source)?;
             tasks.truncate(prompts);
@@ -288,9 +281,7 @@ fn main() -> Result<()> {
             print!("{}", grove_trainer::budget::format_rows(&rows));
         }
         Command::Sft { model, data, out, epochs, lr, batch, device } => {
-            let placement = place(device)?;
-            let (vs, lm) = load_model(&model, placement.device, placement.kind)?;
-            let tok = Tokenizer::from_dir(&model)?;
+            let Loaded { vs, lm, tok, .. } = load(&model, device)?;
             let rows = grove_trainer::sft::load_trajectories(&data)?
                 .iter()
                 .map(|t| grove_trainer::sft::tokenize(&tok, t))
@@ -351,9 +342,7 @@ fn main() -> Result<()> {
             println!("wrote {} (vocab {vocab}, {params} parameters)", out.display());
         }
         Command::Bench { model, device, new_tokens } => {
-            let placement = place(device)?;
-            let (_vs, lm) = load_model(&model, placement.device, placement.kind)?;
-            let tok = Tokenizer::from_dir(&model)?;
+            let Loaded { lm, tok, placement, .. } = load(&model, device)?;
             let report = grove_trainer::bench::run(&lm, &tok, 32, new_tokens);
             println!(
                 "{:<40} {:>12}  setting ({:?}, {} threads)",
@@ -447,4 +436,20 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
     }
     bar.finish();
     Ok(())
+}
+
+/// A model folder loaded for a command: weights on the requested device, and its tokenizer.
+struct Loaded {
+    vs: tch::nn::VarStore,
+    lm: grove_trainer::model::CausalLm,
+    tok: Tokenizer,
+    placement: grove_trainer::device::Placement,
+}
+
+fn load(model: &std::path::Path, device: DeviceRequest) -> Result<Loaded> {
+    let placement = place(device)?;
+    let (vs, lm) =
+        load_model(model, placement.device, placement.kind).with_context(|| format!("load {}", model.display()))?;
+    let tok = Tokenizer::from_dir(model).with_context(|| format!("tokenizer of {}", model.display()))?;
+    Ok(Loaded { vs, lm, tok, placement })
 }
