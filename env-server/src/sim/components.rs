@@ -197,6 +197,19 @@ impl Directory {
     pub fn live(&self) -> usize {
         self.by_id.len()
     }
+
+    /// Forget a removed episode: its id, and one episode of its owner's count.
+    pub fn forget(&mut self, episode: EpisodeId, owner: Option<ConnId>) {
+        self.by_id.remove(&episode);
+        if let Some(conn) = owner
+            && let Some(n) = self.per_conn.get_mut(&conn)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_conn.remove(&conn);
+            }
+        }
+    }
 }
 
 /// Server-wide counters.

@@ -344,16 +344,7 @@ fn fork_one(
 fn remove(world: &mut World, episode: EpisodeId, entity: Entity) {
     let owner = world.get::<Owner>(entity).map(|o| o.0);
     world.despawn(entity);
-    let mut dir = world.resource_mut::<Directory>();
-    dir.by_id.remove(&episode);
-    if let Some(conn) = owner
-        && let Some(n) = dir.per_conn.get_mut(&conn)
-    {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            dir.per_conn.remove(&conn);
-        }
-    }
+    world.resource_mut::<Directory>().forget(episode, owner);
 }
 
 fn close(world: &mut World, conn: ConnId, c: &Close) -> Response {
@@ -724,13 +715,7 @@ pub fn reap(
             continue;
         }
         commands.entity(entity).despawn();
-        dir.by_id.remove(&key.0);
-        if let Some(n) = dir.per_conn.get_mut(&owner.0) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                dir.per_conn.remove(&owner.0);
-            }
-        }
+        dir.forget(key.0, Some(owner.0));
         counters.reaped += 1;
     }
 }
