@@ -324,6 +324,28 @@ impl World {
         out
     }
 
+    /// Disjoint training and held-out question sets of `hops` hops: one pool of distinct
+    /// questions drawn with `seed`, the first `n_test` held out, the next `n_train` for training.
+    /// Ids carry the split (`synthetic-s<world>-<hops>hop-test-<i>` / `-train-<i>`).
+    pub fn split_questions(
+        &self,
+        hops: usize,
+        n_train: usize,
+        n_test: usize,
+        seed: u64,
+    ) -> (Vec<SyntheticQuestion>, Vec<SyntheticQuestion>) {
+        let mut pool = self.questions(hops, n_train.saturating_add(n_test), seed);
+        let train = pool.split_off(n_test.min(pool.len()));
+        let rename = |mut qs: Vec<SyntheticQuestion>, split: &str| {
+            for (i, q) in qs.iter_mut().enumerate() {
+                q.example.id = format!("synthetic-s{}-{hops}hop-{split}-{i}", self.config.seed);
+                q.example.split = Some(split.to_string());
+            }
+            qs
+        };
+        (rename(train, "train"), rename(pool, "test"))
+    }
+
     fn chain_from(&self, start: EntityId, hops: usize, rng: &mut ChaCha8Rng) -> Option<SyntheticQuestion> {
         if !(1..=3).contains(&hops) {
             return None;

@@ -29,6 +29,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
         sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
         prompt_template: None,
         max_context: 4096,
+        topk: None,
     };
     let mut engine = Engine::new(&lm);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -145,6 +146,7 @@ fn budget_of_tree_and_chain_rollouts() {
         sampling: SamplingParams { max_new_tokens: 8, top_k: 64, ..SamplingParams::default() },
         prompt_template: None,
         max_context: 4096,
+        topk: None,
     };
     let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1).unwrap();
     let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1).unwrap();

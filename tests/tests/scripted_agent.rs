@@ -27,6 +27,14 @@ fn scripted_agent_plays_the_world() {
             assert!(step.observation.contains("<information>Doc 1(Title:"), "{}", step.observation);
         }
     }
+    // One result per search when asked for one.
+    let one = ScriptConfig { early_answer: 0.0, vague_query: 0.0, topk: Some(1), ..Default::default() };
+    let top1 = play(&world, &questions[..4], &env, &one).unwrap();
+    for p in &top1 {
+        assert!(p.correct, "{:?}", p.trajectory);
+        let searched = &p.trajectory.steps[..p.trajectory.steps.len() - 1];
+        assert!(searched.iter().all(|s| s.observation.contains("Doc 1(") && !s.observation.contains("Doc 2(")));
+    }
     let imperfect = play(&world, &questions, &env, &ScriptConfig::default()).unwrap();
     let rate = imperfect.iter().filter(|p| p.correct).count() as f64 / imperfect.len() as f64;
     assert!((0.4..0.95).contains(&rate), "success rate {rate}");

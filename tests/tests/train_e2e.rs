@@ -41,6 +41,7 @@ fn step_config(shape: TreeShape, estimator: Estimator) -> StepConfig {
             sampling: SamplingParams { max_new_tokens: 6, top_k: 64, ..SamplingParams::default() },
             prompt_template: None,
             max_context: 4096,
+            topk: None,
         },
         update: UpdateConfig { mini_batches: 1, micro_batch: 4, ..Default::default() },
         schedule: WarmupConstant { lr: 1e-3, warmup_steps: 0 },

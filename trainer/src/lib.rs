@@ -24,3 +24,4 @@ pub mod scripted;
 pub mod sft;
 pub mod tokenizer;
 pub mod train;
+pub mod world;

@@ -86,6 +86,15 @@ enum Command {
         /// Keep only questions whose metadata flag is true (e.g. `answer_in_passage`).
         #[arg(long)]
         only: Option<String>,
+        /// A file with the agent prompt (`{question}` placeholder); default: the env-server's.
+        #[arg(long)]
+        prompt: Option<PathBuf>,
+        /// Search results per query; default: the env-server's.
+        #[arg(long)]
+        topk: Option<u32>,
+        /// Write the report as JSON here too.
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
@@ -112,20 +121,37 @@ enum Command {
     Warmstart {
         #[arg(long, default_value = "ws://127.0.0.1:8000/")]
         env: String,
-        /// Seed of the synthetic world (the env-server must serve the same world).
-        #[arg(long, default_value_t = 0)]
-        world_seed: u64,
+        /// A folder written by `trainer world` (the env-server must serve its corpus); its
+        /// training questions are played, with its prompt.
+        #[arg(long)]
+        world: PathBuf,
+        /// Play each training question this many times (different random imperfections).
         #[arg(long, default_value_t = 1)]
-        world_scale: usize,
-        /// Questions per hop count (2 and 3 hops).
-        #[arg(long, default_value_t = 100)]
-        questions: usize,
+        passes: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value_t = 0.25)]
         early_answer: f64,
         #[arg(long, default_value_t = 0.15)]
         vague_query: f64,
+    },
+    /// Write a synthetic multi-hop world: corpus.jsonl (wiki-18), train.jsonl and test.jsonl
+    /// (disjoint 2- and 3-hop questions), prompt.txt and world.toml.
+    World {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 1)]
+        scale: usize,
+        /// Training questions per hop count.
+        #[arg(long, default_value_t = 200)]
+        train: usize,
+        /// Held-out questions per hop count.
+        #[arg(long, default_value_t = 50)]
+        test: usize,
     },
     /// A small policy from scratch: train a BPE tokenizer on a wiki-18 corpus (and QA questions),
     /// then write a randomly initialised Qwen2 model with it as an HF folder.
@@ -231,6 +257,9 @@ fn main() -> Result<()> {
             max_new_tokens,
             max_questions,
             only,
+            prompt,
+            topk,
+            json,
             device,
         } => {
             let Loaded { lm, tok, .. } = load(&model, device)?;
@@ -245,10 +274,15 @@ fn main() -> Result<()> {
                     max_new_tokens,
                     ..SamplingParams::default()
                 },
+                prompt_template: prompt.map(std::fs::read_to_string).transpose()?,
+                topk,
                 ..AgentConfig::default()
             };
             let report = evaluate(&lm, &tok, std::slice::from_ref(&client), &tasks, &agent, 16, 0)?;
             print!("{}", format_report(&report));
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+            }
         }
         Command::Budget {
             model,
@@ -287,13 +321,17 @@ fn main() -> Result<()> {
                 .map(|t| grove_trainer::sft::tokenize(&tok, t))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut opt = AdamW::new(&vs, AdamWConfig::default());
-            eprintln!("{} trajectories, action NLL {:.4}", rows.len(), grove_trainer::sft::evaluate_nll(&lm, &rows));
+            eprintln!(
+                "{} trajectories, action NLL {:.4}",
+                rows.len(),
+                grove_trainer::sft::evaluate_nll(&lm, &rows, batch)
+            );
             for epoch in 0..epochs {
-                let losses = grove_trainer::sft::sft_epoch(&lm, &mut opt, &rows, batch, lr);
+                let losses = grove_trainer::sft::sft_epoch(&lm, &mut opt, &rows, batch, lr, epoch as u64);
                 let mean = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
                 eprintln!("epoch {}: mean step loss {mean:.4}", epoch + 1);
             }
-            eprintln!("action NLL after SFT {:.4}", grove_trainer::sft::evaluate_nll(&lm, &rows));
+            eprintln!("action NLL after SFT {:.4}", grove_trainer::sft::evaluate_nll(&lm, &rows, batch));
             let config = std::fs::read_to_string(model.join("config.json"))?;
             let files: Vec<PathBuf> = ["tokenizer.json", "tokenizer_config.json"]
                 .iter()
@@ -303,19 +341,40 @@ fn main() -> Result<()> {
             grove_trainer::model::save_model(&vs, &config, &out, tch::Kind::Float, &files)?;
             println!("wrote {}", out.display());
         }
-        Command::Warmstart { env, world_seed, world_scale, questions, out, early_answer, vague_query } => {
-            use grove_datasets::synthetic::{World, WorldConfig};
-            let world = World::generate(&WorldConfig::scaled(world_seed, world_scale));
-            let mut qs = world.questions(2, questions, 1);
-            qs.extend(world.questions(3, questions, 1));
+        Command::Warmstart { env, world: dir, passes, seed, out, early_answer, vague_query } => {
+            let spec = grove_trainer::world::WorldSpec::read(&dir)?;
+            let files = grove_trainer::world::WorldFiles { dir };
+            let world = spec.world();
+            let (train, _) = spec.questions(&world);
             let client = EnvClient::connect(&env, Default::default())?;
-            let cfg = grove_trainer::scripted::ScriptConfig { early_answer, vague_query, ..Default::default() };
-            let played = grove_trainer::scripted::play(&world, &qs, &client, &cfg)?;
+            let prompt = std::fs::read_to_string(files.prompt())?;
+            let mut played = Vec::new();
+            for pass in 0..passes {
+                let cfg = grove_trainer::scripted::ScriptConfig {
+                    early_answer,
+                    vague_query,
+                    seed: seed + pass as u64,
+                    prompt_template: Some(prompt.clone()),
+                    ..Default::default()
+                };
+                played.extend(grove_trainer::scripted::play(&world, &train, &client, &cfg)?);
+            }
             let lines: Vec<String> =
                 played.iter().map(|p| serde_json::to_string(&p.trajectory)).collect::<Result<_, _>>()?;
             std::fs::write(&out, lines.join("\n") + "\n")?;
             let correct = played.iter().filter(|p| p.correct).count();
             println!("wrote {} trajectories to {} ({correct} correct)", played.len(), out.display());
+        }
+        Command::World { out, seed, scale, train, test } => {
+            let spec = grove_trainer::world::WorldSpec { seed, scale, train_per_hops: train, test_per_hops: test };
+            let files = spec.write(&out)?;
+            println!(
+                "wrote {} (corpus {}, train {}, test {})",
+                files.dir.display(),
+                files.corpus().display(),
+                files.train().display(),
+                files.test().display()
+            );
         }
         Command::InitSmall { corpus, questions, out, vocab, hidden, layers, seed } => {
             let mut texts: Vec<String> = grove_datasets::loaders::load_wiki18(&corpus, grove_datasets::OnBadRow::Fail)?

@@ -16,17 +16,20 @@ use grove_protocol::{EpisodeOptions, TaskSpec};
 use crate::rollout::agent::{EnvClient, RolloutError};
 use crate::sft::{SftStep, Trajectory};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ScriptConfig {
     pub early_answer: f64,
     pub vague_query: f64,
     pub max_turns: u32,
     pub seed: u64,
+    /// Agent prompt (`{question}` placeholder); `None` takes the env-server's.
+    pub prompt_template: Option<String>,
+    pub topk: Option<u32>,
 }
 
 impl Default for ScriptConfig {
     fn default() -> Self {
-        Self { early_answer: 0.25, vague_query: 0.15, max_turns: 4, seed: 0 }
+        Self { early_answer: 0.25, vague_query: 0.15, max_turns: 4, seed: 0, prompt_template: None, topk: None }
     }
 }
 
@@ -58,7 +61,12 @@ pub fn play(
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut out = Vec::with_capacity(questions.len());
     for q in questions {
-        let opts = EpisodeOptions { max_turns: Some(cfg.max_turns), ..Default::default() };
+        let opts = EpisodeOptions {
+            max_turns: Some(cfg.max_turns),
+            prompt_template: cfg.prompt_template.clone(),
+            topk: cfg.topk,
+            ..Default::default()
+        };
         let created = env.block_on(env.client().create_episodes(vec![task_of(q)], opts))?;
         let start = match created.into_iter().next() {
             Some(Ok(s)) => s,

@@ -102,9 +102,21 @@ fn masked_nll(model: &CausalLm, rows: &[&TrainingRow], with_grad: bool) -> Tenso
     -Tensor::stack(&sums, 0).sum(Kind::Float) / count.max(1) as f64
 }
 
-/// One SFT epoch over `rows` in batches of `batch`; returns the loss of each optimiser step.
-pub fn sft_epoch(model: &CausalLm, opt: &mut AdamW, rows: &[TrainingRow], batch: usize, lr: f64) -> Vec<f64> {
-    let usable: Vec<&TrainingRow> = rows.iter().filter(|r| !r.prompt.is_empty() && !r.response.is_empty()).collect();
+/// One SFT epoch over `rows`, shuffled with `seed`, in batches of `batch`; returns the loss of
+/// each optimiser step.
+pub fn sft_epoch(
+    model: &CausalLm,
+    opt: &mut AdamW,
+    rows: &[TrainingRow],
+    batch: usize,
+    lr: f64,
+    seed: u64,
+) -> Vec<f64> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut usable: Vec<&TrainingRow> =
+        rows.iter().filter(|r| !r.prompt.is_empty() && !r.response.is_empty()).collect();
+    usable.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
     let mut losses = Vec::new();
     for chunk in usable.chunks(batch.max(1)) {
         opt.zero_grad();
@@ -116,8 +128,14 @@ pub fn sft_epoch(model: &CausalLm, opt: &mut AdamW, rows: &[TrainingRow], batch:
     losses
 }
 
-/// Mean action-token NLL of `rows`, without grad.
-pub fn evaluate_nll(model: &CausalLm, rows: &[TrainingRow]) -> f64 {
+/// Mean action-token NLL of `rows`, without grad, scored `batch` rows at a time.
+pub fn evaluate_nll(model: &CausalLm, rows: &[TrainingRow], batch: usize) -> f64 {
     let all: Vec<&TrainingRow> = rows.iter().filter(|r| !r.response.is_empty()).collect();
-    tch::no_grad(|| masked_nll(model, &all, false).double_value(&[]))
+    let (mut total, mut count) = (0.0, 0usize);
+    for chunk in all.chunks(batch.max(1)) {
+        let n = chunk.iter().map(|r| r.loss_mask.iter().filter(|m| **m == 1).count()).sum::<usize>();
+        total += tch::no_grad(|| masked_nll(model, chunk, false).double_value(&[])) * n as f64;
+        count += n;
+    }
+    total / count.max(1) as f64
 }

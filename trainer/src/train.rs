@@ -345,6 +345,8 @@ pub struct TrainConfig {
     /// A file holding the agent prompt template (`{question}` placeholder); default: the
     /// env-server's.
     pub prompt_template: Option<PathBuf>,
+    /// Search results per query; default: the env-server's.
+    pub topk: Option<u32>,
 }
 
 impl Default for TrainConfig {
@@ -385,6 +387,7 @@ impl Default for TrainConfig {
             seed: 0,
             device: "auto".into(),
             prompt_template: None,
+            topk: None,
         }
     }
 }
@@ -434,6 +437,7 @@ impl TrainConfig {
             },
             prompt_template: None,
             max_context: self.max_context,
+            topk: self.topk,
         }
     }
 }

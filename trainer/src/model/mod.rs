@@ -161,13 +161,13 @@ impl Attention {
         }
     }
 
-    /// `mask` is additive, `[batch, 1, new, past + new]`.
+    /// `mask`: an additive `[batch, 1, new, past + new]` tensor, or plain causal attention.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        mask: &Tensor,
+        mask: &AttnMask,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Tensor {
         let (b, t) = (x.size()[0], x.size()[1]);
@@ -184,20 +184,32 @@ impl Attention {
             }
             *slot = Some((k.shallow_clone(), v.shallow_clone()));
         }
-        // Grouped-query attention without copying keys and values: the `groups` query heads that
-        // share a KV head are stacked along the query axis, [b, kv_heads, groups * t, d].
+        // Grouped-query attention: each KV head serves `groups` consecutive query heads.
         let groups = self.heads / self.kv_heads;
-        let q = q.reshape([b, self.kv_heads, groups * t, self.head_dim]);
-        let mask = if groups > 1 { mask.repeat([1, 1, groups, 1]) } else { mask.shallow_clone() };
-        let scores = q.matmul(&k.transpose(-2, -1)) / (self.head_dim as f64).sqrt() + mask;
-        let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
-        let out = probs.matmul(&v).view([b, self.heads, t, self.head_dim]).transpose(1, 2).contiguous().view([
-            b,
-            t,
-            self.heads * self.head_dim,
-        ]);
+        let (k, v) = if groups > 1 {
+            (k.repeat_interleave_self_int(groups, 1, None), v.repeat_interleave_self_int(groups, 1, None))
+        } else {
+            (k, v)
+        };
+        // libtorch's fused attention: no [batch, heads, new, total] scores are kept for backward
+        // when the mask is plain causal, which is what makes training fit and run fast.
+        let out = match mask {
+            AttnMask::Causal => {
+                Tensor::scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, false)
+            }
+            AttnMask::Additive(m) => Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, false),
+        };
+        let out = out.transpose(1, 2).contiguous().view([b, t, self.heads * self.head_dim]);
         self.o.forward(&out)
     }
+}
+
+/// How a forward pass masks attention.
+enum AttnMask {
+    /// Plain causal attention (fused kernel).
+    Causal,
+    /// Additive `[batch, 1, new, past + new]` mask.
+    Additive(Tensor),
 }
 
 fn rotate_half(x: &Tensor) -> Tensor {
@@ -291,10 +303,30 @@ impl CausalLm {
         (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
     }
 
+    /// The attention mask of a forward pass. Without a cache and with padding (if any) only at
+    /// the right end of each row, plain causal attention gives every real token exactly what the
+    /// full mask would (padding comes after it), so the fused causal kernel is used; otherwise
+    /// the causal-plus-padding additive mask.
+    fn mask(&self, attention_mask: &Tensor, new: i64, kind: Kind) -> AttnMask {
+        let total = attention_mask.size()[1];
+        let past = total - new;
+        let right_padded = total < 2
+            || attention_mask
+                .narrow(1, 1, total - 1)
+                .le_tensor(&attention_mask.narrow(1, 0, total - 1))
+                .all()
+                .int64_value(&[])
+                == 1;
+        if past == 0 && right_padded {
+            return AttnMask::Causal;
+        }
+        AttnMask::Additive(self.additive_mask(attention_mask, new, kind))
+    }
+
     /// Causal plus padding mask as an additive `[batch, 1, new, past + new]` tensor: 0 where a
     /// query may attend, the dtype's lowest value elsewhere (finite, as HF's eager attention,
     /// so fully masked padding rows stay finite).
-    fn mask(&self, attention_mask: &Tensor, new: i64, kind: Kind) -> Tensor {
+    fn additive_mask(&self, attention_mask: &Tensor, new: i64, kind: Kind) -> Tensor {
         let total = attention_mask.size()[1];
         let past = total - new;
         let q = Tensor::arange_start(past, total, (Kind::Int64, self.device)).view([1, 1, new, 1]);

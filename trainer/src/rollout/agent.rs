@@ -47,6 +47,7 @@ impl EnvClient {
         let opts = EpisodeOptions {
             max_turns: Some(config.max_turns),
             prompt_template: config.prompt_template.clone(),
+            topk: config.topk,
             ..Default::default()
         };
         self.rt
@@ -104,6 +105,8 @@ pub struct AgentConfig {
     /// Rolling context cap (`max_prompt_length`, 4096 for QA): a longer context is cut from the
     /// left before generating, and re-encoded (positions restart at 0, as in the reference).
     pub max_context: usize,
+    /// Search results per query; `None` takes the env-server's default.
+    pub topk: Option<u32>,
 }
 
 impl Default for AgentConfig {
@@ -115,6 +118,7 @@ impl Default for AgentConfig {
             sampling: SamplingParams::default(),
             prompt_template: None,
             max_context: 4096,
+            topk: None,
         }
     }
 }
