@@ -70,3 +70,18 @@ fn scaled_worlds_grow() {
     assert_eq!(w.passages.len(), 10 * World::generate(&WorldConfig::default()).passages.len());
     assert_eq!(w.questions(3, 500, 1).len(), 500);
 }
+
+#[test]
+fn split_questions_are_disjoint_and_labelled() {
+    let world = World::generate(&WorldConfig::default());
+    for hops in [2, 3] {
+        let (train, test) = world.split_questions(hops, 40, 10, 9);
+        assert_eq!((train.len(), test.len()), (40, 10));
+        let held: std::collections::HashSet<&str> = test.iter().map(|q| q.example.question.as_str()).collect();
+        assert!(train.iter().all(|q| !held.contains(q.example.question.as_str())));
+        assert!(test.iter().all(|q| q.example.split.as_deref() == Some("test") && q.example.id.contains("-test-")));
+        assert!(train.iter().all(|q| q.example.split.as_deref() == Some("train") && q.hops == hops));
+        // The same seed splits the same way.
+        assert_eq!(world.split_questions(hops, 40, 10, 9).1, test);
+    }
+}

@@ -12,10 +12,7 @@ use grove_trainer::model::load_model;
 use grove_trainer::optim::{AdamW, AdamWConfig};
 use grove_trainer::rollout::agent::{AgentConfig, EnvClient, TreeShape};
 use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
-use grove_trainer::train::{
-    TrainConfig, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks, save_checkpoint,
-    train_step,
-};
+use grove_trainer::train::{TrainConfig, load_tasks};
 
 #[derive(Parser)]
 #[command(name = "trainer", version, about = "Grove trainer")]
@@ -62,6 +59,28 @@ enum Command {
         steps: Option<u64>,
         #[arg(long)]
         out_dir: Option<PathBuf>,
+    },
+    /// Chain GRPO against Tree-GRPO at equal budget from one checkpoint, several seeds each;
+    /// writes table.md, results.json and plots (`--config` TOML: `[train]`, `seeds`, `[[arms]]`;
+    /// without one, the default grid: chain n=2 / tree (1,2,1), chain n=4 / tree (2,2,1), 3 seeds).
+    Experiment {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Starting checkpoint (overrides `train.model`).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// A `trainer world` folder: its train/test questions and prompt.
+        #[arg(long)]
+        world: Option<PathBuf>,
+        #[arg(long)]
+        env: Option<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Comma-separated seeds.
+        #[arg(long, value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
     },
     /// Evaluate a model as an agent through an env-server: EM / F1 per data source.
     Eval {
@@ -128,6 +147,9 @@ enum Command {
         /// Play each training question this many times (different random imperfections).
         #[arg(long, default_value_t = 1)]
         passes: usize,
+        /// Search results per query; default: the env-server's.
+        #[arg(long)]
+        topk: Option<u32>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         #[arg(long)]
@@ -247,6 +269,43 @@ fn main() -> Result<()> {
             );
         }
         Command::Train { config, resume, steps, out_dir } => train(&config, resume, steps, out_dir)?,
+        Command::Experiment { config, model, world, env, out, steps, seeds } => {
+            use grove_trainer::experiment::{ExperimentConfig, format_table, outputs, run_experiment};
+            let mut cfg: ExperimentConfig = match &config {
+                Some(p) => {
+                    toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?)
+                        .with_context(|| format!("parse {}", p.display()))?
+                }
+                None => ExperimentConfig::default(),
+            };
+            if let Some(m) = model {
+                cfg.train.model = m;
+            }
+            if let Some(w) = world {
+                let files = grove_trainer::world::WorldFiles { dir: w };
+                cfg.train.train_data = files.train();
+                cfg.train.eval_data = Some(files.test());
+                cfg.train.prompt_template = Some(files.prompt());
+                cfg.train.data_source = "synthetic".into();
+            }
+            if let Some(e) = env {
+                cfg.train.env = grove_trainer::train::EnvUrls(vec![e]);
+            }
+            if let Some(o) = out {
+                cfg.train.out_dir = o;
+            }
+            if let Some(s) = steps {
+                cfg.train.steps = s;
+            }
+            if let Some(s) = seeds {
+                cfg.seeds = s;
+            }
+            let results = run_experiment(&cfg, true)?;
+            print!("{}", format_table(&results));
+            for p in outputs(&cfg.train.out_dir) {
+                println!("wrote {}", p.display());
+            }
+        }
         Command::Eval {
             model,
             env,
@@ -341,7 +400,7 @@ fn main() -> Result<()> {
             grove_trainer::model::save_model(&vs, &config, &out, tch::Kind::Float, &files)?;
             println!("wrote {}", out.display());
         }
-        Command::Warmstart { env, world: dir, passes, seed, out, early_answer, vague_query } => {
+        Command::Warmstart { env, world: dir, passes, topk, seed, out, early_answer, vague_query } => {
             let spec = grove_trainer::world::WorldSpec::read(&dir)?;
             let files = grove_trainer::world::WorldFiles { dir };
             let world = spec.world();
@@ -355,6 +414,7 @@ fn main() -> Result<()> {
                     vague_query,
                     seed: seed + pass as u64,
                     prompt_template: Some(prompt.clone()),
+                    topk,
                     ..Default::default()
                 };
                 played.extend(grove_trainer::scripted::play(&world, &train, &client, &cfg)?);
@@ -427,73 +487,9 @@ fn train(config_path: &std::path::Path, resume: bool, steps: Option<u64>, out_di
     if let Some(o) = out_dir {
         cfg.out_dir = o;
     }
-    let placement = place(cfg.device.parse().map_err(anyhow::Error::msg)?)?;
-    let (vs, policy) = load_model(&cfg.model, placement.device, placement.kind)?;
-    let (mut ref_vs, reference) = load_model(&cfg.model, placement.device, placement.kind)?;
-    ref_vs.freeze();
-    let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
-    let tok = Tokenizer::from_dir(&tok_dir)?;
-    let envs: Vec<EnvClient> =
-        cfg.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?;
-    let tasks = load_tasks(&cfg.train_data, &cfg.data_source)?;
-    let mut eval_tasks = match &cfg.eval_data {
-        Some(p) => load_tasks(p, &cfg.data_source)?,
-        None => Vec::new(),
-    };
-    eval_tasks.truncate(cfg.eval_max_questions);
-    let mut opt = AdamW::new(&vs, AdamWConfig::default());
-    let mut start = 0;
-    if resume && let Some(ckpt) = latest_checkpoint(&cfg.out_dir) {
-        start = load_checkpoint(&ckpt, &vs, &mut opt)?.next_step;
-        eprintln!("resumed from {} at step {start}", ckpt.display());
-    }
-    let model_config = std::fs::read_to_string(cfg.model.join("config.json"))?;
-    let tokenizer_files: Vec<PathBuf> =
-        ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| tok_dir.join(f)).filter(|p| p.exists()).collect();
-    std::fs::create_dir_all(&cfg.out_dir)?;
-    std::fs::write(cfg.out_dir.join("config.toml"), toml::to_string_pretty(&cfg)?)?;
-    let mut step_cfg = cfg.step_config();
-    step_cfg.agent.prompt_template = cfg.prompt_template_text()?;
-    let bar = indicatif::ProgressBar::new(cfg.steps);
-    bar.set_position(start);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("train {bar:30} {pos}/{len} {msg} ({eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    for step in start..cfg.steps {
-        let m = train_step(&policy, &reference, &mut opt, &tok, &envs, &tasks, &step_cfg, step)?;
-        append_metrics(&cfg.out_dir, &m)?;
-        bar.set_message(format!("reward {:.3} metric {:.3} kl {:.4}", m.reward_mean, m.metric_mean, m.kl));
-        bar.inc(1);
-        let last = step + 1 == cfg.steps;
-        if !eval_tasks.is_empty() && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last) {
-            let greedy = AgentConfig {
-                sampling: SamplingParams { temperature: 0.0, top_p: 1.0, ..step_cfg.agent.sampling.clone() },
-                ..step_cfg.agent.clone()
-            };
-            let greedy_report = evaluate(&policy, &tok, &envs, &eval_tasks, &greedy, 16, cfg.seed)?;
-            let sampled_report = evaluate(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, 16, cfg.seed)?;
-            bar.println(format!(
-                "eval after step {} (greedy):\n{}(sampled, T={} top-p={}):\n{}",
-                step + 1,
-                format_report(&greedy_report),
-                step_cfg.agent.sampling.temperature,
-                step_cfg.agent.sampling.top_p,
-                format_report(&sampled_report)
-            ));
-            let both = serde_json::json!({ "step": step + 1, "greedy": greedy_report, "sampled": sampled_report });
-            std::fs::write(cfg.out_dir.join(format!("eval-{}.json", step + 1)), serde_json::to_string_pretty(&both)?)?;
-        }
-        if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) || last {
-            grove_trainer::plots::write_training_plots(
-                &cfg.out_dir,
-                &grove_trainer::plots::read_metrics(&cfg.out_dir)?,
-            )?;
-            let state = TrainState { next_step: step + 1, seed: cfg.seed };
-            save_checkpoint(&cfg.out_dir, &vs, &model_config, &tokenizer_files, &opt, &state)?;
-        }
-    }
-    bar.finish();
+    let opts = grove_trainer::run::RunOptions { resume, progress: true, label: "train".into() };
+    let summary = grove_trainer::run::run(&cfg, &opts)?;
+    eprintln!("{} steps; checkpoints, metrics and plots in {}", summary.metrics.len(), summary.out_dir.display());
     Ok(())
 }
 

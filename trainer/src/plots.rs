@@ -18,11 +18,20 @@ const SERIES: [(&str, &str, fn(&StepMetrics) -> f64); 5] = [
 
 /// An SVG line chart of `points` (x, y).
 pub fn line_chart(title: &str, x_label: &str, points: &[(f64, f64)]) -> String {
+    multi_line_chart(title, x_label, &[("", points.to_vec())])
+}
+
+const COLOURS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+
+/// An SVG chart of several named series on shared axes, with a legend when there is more than
+/// one series.
+pub fn multi_line_chart(title: &str, x_label: &str, series: &[(&str, Vec<(f64, f64)>)]) -> String {
     let (w, h, pad) = (640.0, 360.0, 48.0);
-    let xs = points.iter().map(|p| p.0);
-    let ys = points.iter().map(|p| p.1);
-    let (x0, x1) = (xs.clone().fold(f64::INFINITY, f64::min), xs.fold(f64::NEG_INFINITY, f64::max));
-    let (mut y0, mut y1) = (ys.clone().fold(f64::INFINITY, f64::min), ys.fold(f64::NEG_INFINITY, f64::max));
+    let all = || series.iter().flat_map(|(_, p)| p.iter());
+    let (x0, x1) =
+        (all().map(|p| p.0).fold(f64::INFINITY, f64::min), all().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max));
+    let (mut y0, mut y1) =
+        (all().map(|p| p.1).fold(f64::INFINITY, f64::min), all().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max));
     if !y0.is_finite() || !y1.is_finite() {
         (y0, y1) = (0.0, 1.0);
     }
@@ -55,11 +64,29 @@ pub fn line_chart(title: &str, x_label: &str, points: &[(f64, f64)]) -> String {
         pad + 4.0,
         h - pad,
     );
-    let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
-    let _ =
-        write!(svg, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>", path.join(" "));
-    for (x, y) in points {
-        let _ = write!(svg, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"#1f77b4\"/>", sx(*x), sy(*y));
+    for (i, (name, points)) in series.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
+        let _ = write!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>",
+            path.join(" ")
+        );
+        for (x, y) in points {
+            let _ = write!(svg, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{colour}\"/>", sx(*x), sy(*y));
+        }
+        if series.len() > 1 {
+            let ly = pad + 16.0 * i as f64;
+            let _ = write!(
+                svg,
+                "<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{colour}\"/><text x=\"{}\" y=\"{}\">{}</text>",
+                w - pad - 150.0,
+                ly - 4.0,
+                w - pad - 134.0,
+                ly,
+                escape(name)
+            );
+        }
     }
     svg.push_str("</svg>\n");
     svg
@@ -98,5 +125,14 @@ mod tests {
         // Degenerate inputs still draw.
         assert!(line_chart("flat", "step", &[(3.0, 2.0)]).contains("<circle"));
         assert!(line_chart("empty", "step", &[]).contains("</svg>"));
+        // Several series share the axes and get a legend.
+        let two = multi_line_chart(
+            "em",
+            "step",
+            &[("chain", vec![(0.0, 0.0), (2.0, 0.5)]), ("tree", vec![(0.0, 0.25), (2.0, 1.0)])],
+        );
+        assert_eq!(two.matches("<polyline").count(), 2);
+        assert!(two.contains(">chain</text>") && two.contains(">tree</text>"));
+        assert!(two.contains("points=\"48.0,312.0 592.0,180.0\""), "{two}");
     }
 }

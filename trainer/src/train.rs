@@ -339,6 +339,10 @@ pub struct TrainConfig {
     pub entropy_coef: f64,
     pub eval_every: u64,
     pub eval_max_questions: usize,
+    /// Evaluate the initial policy before the first step too.
+    pub eval_before: bool,
+    /// Evaluate sampled (the rollout settings) as well as greedy.
+    pub eval_sampled: bool,
     pub save_every: u64,
     pub seed: u64,
     pub device: String,
@@ -383,6 +387,8 @@ impl Default for TrainConfig {
             entropy_coef: 0.001,
             eval_every: 60,
             eval_max_questions: 512,
+            eval_before: false,
+            eval_sampled: true,
             save_every: 60,
             seed: 0,
             device: "auto".into(),

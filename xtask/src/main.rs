@@ -1,8 +1,10 @@
-//! Project chores behind the commands the README names: `cargo xtask setup` (libtorch),
-//! `cargo xtask assets` (real tokenizer, model, corpus and QA data), `cargo xtask test` (setup,
-//! then formatting, lints, the Rust suite and the Python checks).
+//! Project chores behind the commands the README names: `cargo xtask demo` (the whole system
+//! learning on a laptop), `cargo xtask setup` (libtorch), `cargo xtask assets` (real tokenizer,
+//! model, corpus and QA data), `cargo xtask test` (setup, then formatting, lints, the Rust suite
+//! and the Python checks).
 
 mod assets;
+mod demo;
 mod libtorch;
 mod python;
 mod util;
@@ -49,6 +51,13 @@ enum Command {
     },
     /// Print the environment the build uses (for shells and IDEs).
     Env,
+    /// The main job on embedded defaults: a small policy warm-started and trained with Tree-GRPO
+    /// on a synthetic multi-hop world (EM before and after), then SmolLM2 as a ReAct agent on
+    /// FanOutQA over mini-Wikipedia.
+    Demo(demo::DemoArgs),
+    /// Chain GRPO against Tree-GRPO at equal budget (2 and 4), 3 seeds each, from one warm start
+    /// on the synthetic world; prints and saves the table and plots.
+    Experiment(demo::ExperimentArgs),
 }
 
 fn main() -> Result<()> {
@@ -64,6 +73,8 @@ fn main() -> Result<()> {
         }
         Command::Assets { force } => assets::ensure_all(force)?,
         Command::Test { no_lint, cargo_test_args } => test(&root, no_lint, &cargo_test_args)?,
+        Command::Demo(args) => demo::run(&root, &args)?,
+        Command::Experiment(args) => demo::experiment(&root, &args)?,
         Command::Env => {
             let dir = libtorch::ensure(&root, libtorch::Variant::Cpu)?;
             println!("export LIBTORCH={}", dir.display());

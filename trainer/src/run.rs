@@ -1,0 +1,162 @@
+//! The training loop behind `trainer train` and `trainer experiment`: load the policy and its
+//! frozen reference, connect to the env-servers, run `train_step`s with checkpoints, metrics,
+//! plots and periodic evaluation, and hand back what happened.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::device::place;
+use crate::eval::{EvalReport, evaluate, format_report};
+use crate::generate::SamplingParams;
+use crate::model::{CausalLm, load_model};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::rollout::agent::{AgentConfig, EnvClient};
+use crate::tokenizer::Tokenizer;
+use crate::train::{
+    StepMetrics, TrainConfig, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks,
+    save_checkpoint, train_step,
+};
+
+/// How a run reports itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Continue from the latest checkpoint in the output folder.
+    pub resume: bool,
+    /// Draw a progress bar on stderr (and print evaluation tables above it).
+    pub progress: bool,
+    /// A label shown before the progress bar.
+    pub label: String,
+}
+
+/// One evaluation of the policy on the held-out questions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalPoint {
+    /// Training steps done before this evaluation (0: the initial policy).
+    pub step: u64,
+    pub greedy: EvalReport,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<EvalReport>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub metrics: Vec<StepMetrics>,
+    pub evals: Vec<EvalPoint>,
+    pub out_dir: PathBuf,
+}
+
+/// Evaluate `model` on `tasks` greedily (and sampled with the run's settings when asked), as
+/// the point of `step`.
+pub fn eval_point(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    envs: &[EnvClient],
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    sampled: bool,
+    (step, seed): (u64, u64),
+) -> Result<EvalPoint> {
+    let greedy_agent = AgentConfig {
+        sampling: SamplingParams { temperature: 0.0, top_p: 1.0, ..agent.sampling.clone() },
+        ..agent.clone()
+    };
+    let greedy = evaluate(model, tok, envs, tasks, &greedy_agent, 16, seed)?;
+    let sampled = if sampled { Some(evaluate(model, tok, envs, tasks, agent, 16, seed)?) } else { None };
+    Ok(EvalPoint { step, greedy, sampled })
+}
+
+/// Human-readable form of an evaluation point.
+pub fn format_eval_point(p: &EvalPoint, agent: &AgentConfig) -> String {
+    let mut s = format!("eval after step {} (greedy):\n{}", p.step, format_report(&p.greedy));
+    if let Some(r) = &p.sampled {
+        s.push_str(&format!(
+            "(sampled, T={} top-p={}):\n{}",
+            agent.sampling.temperature,
+            agent.sampling.top_p,
+            format_report(r)
+        ));
+    }
+    s
+}
+
+/// Train as `cfg` says. Writes `config.toml`, `metrics.jsonl`, `eval-<step>.json`, the SVG plots
+/// and checkpoints into `cfg.out_dir`.
+pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
+    let placement = place(cfg.device.parse().map_err(anyhow::Error::msg)?)?;
+    let (vs, policy) = load_model(&cfg.model, placement.device, placement.kind)
+        .with_context(|| format!("load {}", cfg.model.display()))?;
+    let (mut ref_vs, reference) = load_model(&cfg.model, placement.device, placement.kind)?;
+    ref_vs.freeze();
+    let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
+    let tok = Tokenizer::from_dir(&tok_dir).with_context(|| format!("tokenizer of {}", tok_dir.display()))?;
+    let envs: Vec<EnvClient> =
+        cfg.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?;
+    let tasks = load_tasks(&cfg.train_data, &cfg.data_source)?;
+    let mut eval_tasks = match &cfg.eval_data {
+        Some(p) => load_tasks(p, &cfg.data_source)?,
+        None => Vec::new(),
+    };
+    eval_tasks.truncate(cfg.eval_max_questions);
+    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let mut start = 0;
+    if opts.resume
+        && let Some(ckpt) = latest_checkpoint(&cfg.out_dir)
+    {
+        start = load_checkpoint(&ckpt, &vs, &mut opt)?.next_step;
+        eprintln!("resumed from {} at step {start}", ckpt.display());
+    }
+    let model_config = std::fs::read_to_string(cfg.model.join("config.json"))?;
+    let tokenizer_files: Vec<PathBuf> =
+        ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| tok_dir.join(f)).filter(|p| p.exists()).collect();
+    std::fs::create_dir_all(&cfg.out_dir)?;
+    std::fs::write(cfg.out_dir.join("config.toml"), toml::to_string_pretty(cfg)?)?;
+    let mut step_cfg = cfg.step_config();
+    step_cfg.agent.prompt_template = cfg.prompt_template_text()?;
+    let bar = if opts.progress { indicatif::ProgressBar::new(cfg.steps) } else { indicatif::ProgressBar::hidden() };
+    bar.set_position(start);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{} {{bar:30}} {{pos}}/{{len}} {{msg}} ({{eta}})",
+            if opts.label.is_empty() { "train" } else { &opts.label }
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut summary = RunSummary { out_dir: cfg.out_dir.clone(), ..Default::default() };
+    let record = |point: EvalPoint, summary: &mut RunSummary| -> Result<()> {
+        if opts.progress {
+            // `suspend`, not `println`: the table must print when stderr is not a terminal too.
+            bar.suspend(|| eprint!("{}", format_eval_point(&point, &step_cfg.agent)));
+        }
+        let path = cfg.out_dir.join(format!("eval-{}.json", point.step));
+        std::fs::write(&path, serde_json::to_string_pretty(&point)?)?;
+        summary.evals.push(point);
+        Ok(())
+    };
+    if cfg.eval_before && start == 0 && !eval_tasks.is_empty() {
+        let p = eval_point(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, cfg.eval_sampled, (0, cfg.seed))?;
+        record(p, &mut summary)?;
+    }
+    for step in start..cfg.steps {
+        let m = train_step(&policy, &reference, &mut opt, &tok, &envs, &tasks, &step_cfg, step)?;
+        append_metrics(&cfg.out_dir, &m)?;
+        bar.set_message(format!("reward {:.3} EM {:.3} kl {:.4}", m.reward_mean, m.metric_mean, m.kl));
+        bar.inc(1);
+        summary.metrics.push(m);
+        let last = step + 1 == cfg.steps;
+        if !eval_tasks.is_empty() && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last) {
+            let p =
+                eval_point(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, cfg.eval_sampled, (step + 1, cfg.seed))?;
+            record(p, &mut summary)?;
+        }
+        if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) || last {
+            crate::plots::write_training_plots(&cfg.out_dir, &crate::plots::read_metrics(&cfg.out_dir)?)?;
+            let state = TrainState { next_step: step + 1, seed: cfg.seed };
+            save_checkpoint(&cfg.out_dir, &vs, &model_config, &tokenizer_files, &opt, &state)?;
+        }
+    }
+    bar.finish_and_clear();
+    Ok(summary)
+}

@@ -1,0 +1,413 @@
+//! `cargo xtask demo`: the whole system on a laptop. Sets up what is missing, builds the two
+//! binaries, writes a synthetic multi-hop world, serves it with an env-server, warm-starts a small
+//! policy trained from scratch (BPE tokenizer, Qwen2 model, scripted trajectories, SFT), runs a
+//! short Tree-GRPO training with evaluation before and after, then evaluates the real
+//! SmolLM2-135M-Instruct as a ReAct agent on the FanOutQA questions the mini-Wikipedia corpus
+//! answers, through an env-server over that corpus.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util;
+
+/// Knobs of the demo (`cargo xtask demo --help`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Where everything is written.
+    #[arg(long, default_value = "runs/demo")]
+    pub out: PathBuf,
+    /// Tree-GRPO steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Prompts per training step.
+    #[arg(long, default_value_t = 16)]
+    pub prompts: usize,
+    /// SFT epochs of the warm start.
+    #[arg(long, default_value_t = 3)]
+    pub sft_epochs: usize,
+    /// Times each training question is played by the scripted agent.
+    #[arg(long, default_value_t = 2)]
+    pub warm_passes: usize,
+    /// Held-out questions per hop count (2 and 3 hops).
+    #[arg(long, default_value_t = 50)]
+    pub test_questions: usize,
+    /// FanOutQA questions for the SmolLM2 evaluation (default: all answerable ones).
+    #[arg(long)]
+    pub smollm2_questions: Option<usize>,
+    /// Skip the SmolLM2 evaluation.
+    #[arg(long)]
+    pub skip_smollm2: bool,
+    /// Build with `--release` (slower to build, faster to run).
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// An env-server child process, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn start_server(bin: &Path, corpus: &Path, log: &Path) -> Result<Server> {
+    let port = free_port()?;
+    let bind = format!("127.0.0.1:{port}");
+    let log_file = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    let child = Command::new(bin)
+        .args(["serve", "--corpus"])
+        .arg(corpus)
+        .args(["--bind", &bind])
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("start {}", bin.display()))?;
+    let mut server = Server { child, url: format!("ws://{bind}/") };
+    // Ready when the port accepts connections (the index is built before the listener opens).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::net::TcpStream::connect(&bind).is_err() {
+        if let Some(status) = server.child.try_wait()? {
+            bail!("env-server exited with {status}; see {}", log.display());
+        }
+        if Instant::now() > deadline {
+            bail!("env-server did not listen on {bind} within 300 s; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(server)
+}
+
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .output()
+        .context("cargo metadata")?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("cargo metadata output")?;
+    Ok(PathBuf::from(v["target_directory"].as_str().context("no target_directory")?))
+}
+
+/// Scores of one `eval-<step>.json` written by `trainer train`: (source, EM, tools/question).
+fn read_eval(path: &Path) -> Result<Vec<(String, f64, f64)>> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?)?;
+    let greedy = v["greedy"].as_object().with_context(|| format!("{}: no greedy report", path.display()))?;
+    Ok(greedy
+        .iter()
+        .map(|(k, s)| {
+            (k.clone(), s["score"].as_f64().unwrap_or(0.0), s["tool_calls_per_question"].as_f64().unwrap_or(0.0))
+        })
+        .collect())
+}
+
+/// The built binaries and the output folder of a demo or experiment.
+struct Ctx {
+    out: PathBuf,
+    trainer: PathBuf,
+    env_server: PathBuf,
+}
+
+impl Ctx {
+    /// Setup (libtorch, assets), build the binaries, create `out`.
+    fn prepare(root: &Path, out: &Path, release: bool) -> Result<Ctx> {
+        let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
+        std::fs::create_dir_all(&out)?;
+        util::banner("setup: libtorch and assets");
+        crate::libtorch::ensure(root, crate::libtorch::Variant::Cpu)?;
+        crate::assets::ensure_all(false)?;
+        util::banner("build: trainer and env-server");
+        let mut build = vec!["build", "-p", "grove-trainer", "-p", "grove-env-server", "--bins"];
+        if release {
+            build.push("--release");
+        }
+        util::run(root, "cargo", &build)?;
+        let bins = target_dir(root)?.join(if release { "release" } else { "debug" });
+        Ok(Ctx { out, trainer: bins.join("trainer"), env_server: bins.join("env-server") })
+    }
+
+    /// Run `trainer` in the output folder.
+    fn trainer(&self, args: &[&str]) -> Result<()> {
+        util::run_cmd(Command::new(&self.trainer).args(args).current_dir(&self.out))
+    }
+
+    /// Write the synthetic world (unless present) and serve its corpus.
+    fn world_server(&self, test_questions: usize) -> Result<Server> {
+        if !self.out.join("world/world.toml").exists() {
+            util::banner("synthetic world: corpus, training and held-out 2/3-hop questions");
+            let test = test_questions.to_string();
+            self.trainer(&["world", "--out", "world", "--train", "200", "--test", &test])?;
+        }
+        let server = start_server(
+            &self.env_server,
+            &self.out.join("world/corpus.jsonl"),
+            &self.out.join("env-server-world.log"),
+        )?;
+        eprintln!("env-server on {} (BM25 over the world's corpus)", server.url);
+        Ok(server)
+    }
+
+    /// Scripted trajectories through the env-server, a BPE tokenizer and small Qwen2 from
+    /// scratch, SFT: writes `<out>/sft`.
+    fn warm_start(&self, env: &str, passes: usize, epochs: usize) -> Result<()> {
+        util::banner("warm start: scripted agent through the env-server, BPE tokenizer, small Qwen2, SFT");
+        let passes = passes.to_string();
+        self.trainer(&[
+            "warmstart",
+            "--env",
+            env,
+            "--world",
+            "world",
+            "--passes",
+            &passes,
+            "--topk",
+            "2",
+            "--out",
+            "warm.jsonl",
+        ])?;
+        self.trainer(&[
+            "init-small",
+            "--corpus",
+            "world/corpus.jsonl",
+            "--questions",
+            "world/train.jsonl",
+            "--out",
+            "init",
+            "--vocab",
+            "2048",
+        ])?;
+        let epochs = epochs.to_string();
+        self.trainer(&[
+            "sft",
+            "--model",
+            "init",
+            "--data",
+            "warm.jsonl",
+            "--out",
+            "sft",
+            "--epochs",
+            &epochs,
+            "--lr",
+            "2e-3",
+            "--batch",
+            "4",
+        ])
+    }
+}
+
+pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
+    let started = Instant::now();
+    let ctx = Ctx::prepare(root, &args.out, args.release)?;
+    let out = ctx.out.clone();
+    let trainer = ctx.trainer.clone();
+    let env_server = ctx.env_server.clone();
+    let tr = |a: &[&str]| ctx.trainer(a);
+    let server = ctx.world_server(args.test_questions)?;
+    ctx.warm_start(&server.url, args.warm_passes, args.sft_epochs)?;
+
+    util::banner("Tree-GRPO (2,2,1) from the SFT policy, evaluated before and after");
+    let config = demo_train_config(&server.url, args);
+    std::fs::write(out.join("train.toml"), config)?;
+    let _ = std::fs::remove_dir_all(out.join("rl"));
+    tr(&["train", "--config", "train.toml"])?;
+    drop(server);
+    let before = read_eval(&out.join("rl/eval-0.json"))?;
+    let after = read_eval(&out.join(format!("rl/eval-{}.json", args.steps)))?;
+
+    let mut smol = None;
+    if !args.skip_smollm2 {
+        util::banner("SmolLM2-135M-Instruct as a ReAct agent on FanOutQA (mini-Wikipedia env-server)");
+        let hf = grove_datasets::assets::assets_dir().join("smollm2-135m-instruct-hf");
+        if !hf.join("model.safetensors").exists() {
+            let gguf = grove_datasets::assets::smollm2_gguf();
+            util::run_cmd(Command::new(&trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
+        }
+        let corpus = grove_datasets::assets::wiki_summaries_corpus();
+        let server = start_server(&env_server, &corpus, &out.join("env-server-wiki.log"))?;
+        let mut cmd = Command::new(&trainer);
+        cmd.arg("eval")
+            .arg("--model")
+            .arg(&hf)
+            .args(["--env", &server.url, "--data"])
+            .arg(grove_datasets::assets::fanoutqa_dev())
+            .args(["--data-source", "fanoutqa", "--only", "answer_in_passage", "--max-turns", "3"])
+            .args(["--max-new-tokens", "64", "--json"])
+            .arg(out.join("smollm2-fanoutqa.json"));
+        if let Some(n) = args.smollm2_questions {
+            cmd.args(["--max-questions", &n.to_string()]);
+        }
+        util::run_cmd(cmd.current_dir(&out))?;
+        smol = Some(read_report(&out.join("smollm2-fanoutqa.json"))?);
+    }
+
+    util::banner("demo summary");
+    println!("small policy (from scratch, SFT warm start) on held-out synthetic questions, greedy EM:");
+    println!("  {:<18} {:>8} {:>8} {:>16}", "data source", "before", "after", "tools/q after");
+    for (src, em, _) in &before {
+        let (a, tools) = after.iter().find(|(s, _, _)| s == src).map_or((0.0, 0.0), |x| (x.1, x.2));
+        println!("  {src:<18} {em:>8.3} {a:>8.3} {tools:>16.2}");
+    }
+    if let Some((n, em, tools)) = smol {
+        println!(
+            "SmolLM2-135M-Instruct ReAct on {n} answerable FanOutQA questions: EM {em:.3}, {tools:.2} tool calls per question"
+        );
+    }
+    println!("plots (reward, EM, KL, entropy, tool calls): {}/rl/*.svg", out.display());
+    println!("checkpoint: {}", out.join("rl").join(std::fs::read_to_string(out.join("rl/latest"))?.trim()).display());
+    println!("demo took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    Ok(())
+}
+
+/// (questions, EM, tool calls per question) of the `all` row of a `trainer eval --json` report.
+fn read_report(path: &Path) -> Result<(u64, f64, f64)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let all = &v["all"];
+    Ok((
+        all["questions"].as_u64().unwrap_or(0),
+        all["score"].as_f64().unwrap_or(0.0),
+        all["tool_calls_per_question"].as_f64().unwrap_or(0.0),
+    ))
+}
+
+/// The `trainer train` configuration of the demo's RL run.
+fn demo_train_config(env: &str, args: &DemoArgs) -> String {
+    format!(
+        r#"# Written by `cargo xtask demo`.
+model = "sft"
+env = "{env}"
+train_data = "world/train.jsonl"
+eval_data = "world/test.jsonl"
+prompt_template = "world/prompt.txt"
+data_source = "synthetic"
+out_dir = "rl"
+steps = {steps}
+prompts_per_step = {prompts}
+method = "tree"
+m = 2
+n = 2
+l = 1
+k = 3
+{common}
+eval_every = {steps}
+eval_before = true
+eval_sampled = false
+save_every = 0
+"#,
+        steps = args.steps,
+        prompts = args.prompts,
+        common = RL_SETTINGS,
+    )
+}
+
+/// RL settings for the small synthetic-world policy, shared by the demo and the experiment.
+pub const RL_SETTINGS: &str = "lr = 5e-4
+warmup_ratio = 0.0
+max_turns = 4
+max_obs_tokens = 200
+max_new_tokens = 48
+max_response_tokens = 1024
+max_context = 2048
+temperature = 0.7
+top_p = 0.95
+micro_batch = 16
+mini_batches = 1
+kl_coef = 0.001
+entropy_coef = 0.0
+eval_max_questions = 512
+topk = 2";
+
+/// Knobs of `cargo xtask experiment`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExperimentArgs {
+    /// Where everything is written; a warm start already there (`sft/`, `world/`) is reused.
+    #[arg(long, default_value = "runs/experiment")]
+    pub out: PathBuf,
+    /// Training steps of every arm.
+    #[arg(long, default_value_t = 12)]
+    pub steps: u64,
+    #[arg(long, default_value_t = 16)]
+    pub prompts: usize,
+    /// Comma-separated seeds.
+    #[arg(long, default_value = "0,1,2")]
+    pub seeds: String,
+    #[arg(long, default_value_t = 50)]
+    pub test_questions: usize,
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// Chain GRPO against Tree-GRPO at budgets 2 and 4 from one warm start, several seeds each.
+pub fn experiment(root: &Path, args: &ExperimentArgs) -> Result<()> {
+    let ctx = Ctx::prepare(root, &args.out, args.release)?;
+    let server = ctx.world_server(args.test_questions)?;
+    if !ctx.out.join("sft/model.safetensors").exists() {
+        ctx.warm_start(&server.url, 2, 3)?;
+    }
+    let config = format!(
+        r#"# Written by `cargo xtask experiment`.
+seeds = [{seeds}]
+
+[train]
+model = "sft"
+env = "{env}"
+train_data = "world/train.jsonl"
+eval_data = "world/test.jsonl"
+prompt_template = "world/prompt.txt"
+data_source = "synthetic"
+out_dir = "experiment"
+steps = {steps}
+prompts_per_step = {prompts}
+{common}
+eval_every = {eval_every}
+eval_sampled = false
+save_every = 0
+
+[[arms]]
+label = "chain n=2"
+method = "chain"
+chain_n = 2
+
+[[arms]]
+label = "tree (1,2,1)"
+method = "tree"
+m = 1
+n = 2
+l = 1
+k = 3
+
+[[arms]]
+label = "chain n=4"
+method = "chain"
+chain_n = 4
+
+[[arms]]
+label = "tree (2,2,1)"
+method = "tree"
+m = 2
+n = 2
+l = 1
+k = 3
+"#,
+        seeds = args.seeds,
+        env = server.url,
+        steps = args.steps,
+        prompts = args.prompts,
+        common = RL_SETTINGS,
+        eval_every = (args.steps / 3).max(1),
+    );
+    std::fs::write(ctx.out.join("experiment.toml"), config)?;
+    util::banner("experiment: chain GRPO against Tree-GRPO at budgets 2 and 4");
+    ctx.trainer(&["experiment", "--config", "experiment.toml"])
+}
