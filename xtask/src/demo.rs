@@ -30,7 +30,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     pub sft_epochs: usize,
     /// Times each training question is played by the scripted agent.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     pub warm_passes: usize,
     /// Held-out questions per hop count (2 and 3 hops).
     #[arg(long, default_value_t = 50)]
@@ -173,7 +173,11 @@ impl Ctx {
             "--passes",
             &passes,
             "--topk",
-            "2",
+            "1",
+            "--early-answer",
+            "0.3",
+            "--vague-query",
+            "0.1",
             "--out",
             "warm.jsonl",
         ])?;
@@ -312,7 +316,7 @@ save_every = 0
 }
 
 /// RL settings for the small synthetic-world policy, shared by the demo and the experiment.
-pub const RL_SETTINGS: &str = "lr = 5e-4
+pub const RL_SETTINGS: &str = "lr = 3e-4
 warmup_ratio = 0.0
 max_turns = 4
 max_obs_tokens = 200
@@ -321,12 +325,12 @@ max_response_tokens = 1024
 max_context = 2048
 temperature = 0.7
 top_p = 0.95
-micro_batch = 16
-mini_batches = 1
+micro_batch = 8
+mini_batches = 4
 kl_coef = 0.001
 entropy_coef = 0.0
 eval_max_questions = 512
-topk = 2";
+topk = 1";
 
 /// Knobs of `cargo xtask experiment`.
 #[derive(Debug, Clone, clap::Args)]
@@ -342,7 +346,8 @@ pub struct ExperimentArgs {
     /// Comma-separated seeds.
     #[arg(long, default_value = "0,1,2")]
     pub seeds: String,
-    #[arg(long, default_value_t = 50)]
+    /// Held-out questions per hop count.
+    #[arg(long, default_value_t = 100)]
     pub test_questions: usize,
     #[arg(long)]
     pub release: bool,
@@ -353,7 +358,7 @@ pub fn experiment(root: &Path, args: &ExperimentArgs) -> Result<()> {
     let ctx = Ctx::prepare(root, &args.out, args.release)?;
     let server = ctx.world_server(args.test_questions)?;
     if !ctx.out.join("sft/model.safetensors").exists() {
-        ctx.warm_start(&server.url, 2, 3)?;
+        ctx.warm_start(&server.url, 3, 4)?;
     }
     let config = format!(
         r#"# Written by `cargo xtask experiment`.
