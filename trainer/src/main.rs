@@ -184,6 +184,10 @@ enum Command {
         /// QA JSONL whose questions join the tokenizer's training text.
         #[arg(long)]
         questions: Option<PathBuf>,
+        /// Agent prompt template (`{question}` placeholder): the questions join the training text
+        /// as the prompts the model will read.
+        #[arg(long)]
+        prompt: Option<PathBuf>,
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value_t = 4096)]
@@ -385,11 +389,22 @@ fn main() -> Result<()> {
                 rows.len(),
                 grove_trainer::sft::evaluate_nll(&lm, &rows, batch)
             );
+            let per_epoch = rows.len().div_ceil(batch.max(1));
+            let bar = indicatif::ProgressBar::new((epochs * per_epoch) as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("sft {bar:30} {pos}/{len} {msg} ({eta})")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
             for epoch in 0..epochs {
-                let losses = grove_trainer::sft::sft_epoch(&lm, &mut opt, &rows, batch, lr, epoch as u64);
+                let mut show = |loss: f64| {
+                    bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
+                    bar.inc(1);
+                };
+                let losses = grove_trainer::sft::sft_epoch(&lm, &mut opt, &rows, (batch, lr, epoch as u64), &mut show);
                 let mean = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
-                eprintln!("epoch {}: mean step loss {mean:.4}", epoch + 1);
+                bar.suspend(|| eprintln!("epoch {}: mean step loss {mean:.4}", epoch + 1));
             }
+            bar.finish_and_clear();
             eprintln!("action NLL after SFT {:.4}", grove_trainer::sft::evaluate_nll(&lm, &rows, batch));
             let config = std::fs::read_to_string(model.join("config.json"))?;
             let files: Vec<PathBuf> = ["tokenizer.json", "tokenizer_config.json"]
@@ -436,7 +451,8 @@ fn main() -> Result<()> {
                 files.test().display()
             );
         }
-        Command::InitSmall { corpus, questions, out, vocab, hidden, layers, seed } => {
+        Command::InitSmall { corpus, questions, prompt, out, vocab, hidden, layers, seed } => {
+            let template = prompt.map(std::fs::read_to_string).transpose()?;
             let mut texts: Vec<String> = grove_datasets::loaders::load_wiki18(&corpus, grove_datasets::OnBadRow::Fail)?
                 .items
                 .iter()
@@ -447,7 +463,10 @@ fn main() -> Result<()> {
                     grove_datasets::loaders::load_qa_jsonl(&q, "qa", None, grove_datasets::OnBadRow::Fail)?
                         .items
                         .into_iter()
-                        .map(|e| e.question),
+                        .map(|e| match &template {
+                            Some(t) => t.replace("{question}", &e.question),
+                            None => e.question,
+                        }),
                 );
             }
             let vocab = grove_trainer::scratch::train_bpe(&texts, vocab, &out)?;

@@ -103,14 +103,13 @@ fn masked_nll(model: &CausalLm, rows: &[&TrainingRow], with_grad: bool) -> Tenso
 }
 
 /// One SFT epoch over `rows`, shuffled with `seed`, in batches of `batch`; returns the loss of
-/// each optimiser step.
+/// each optimiser step, and tells `on_step` each one as it happens (for progress bars).
 pub fn sft_epoch(
     model: &CausalLm,
     opt: &mut AdamW,
     rows: &[TrainingRow],
-    batch: usize,
-    lr: f64,
-    seed: u64,
+    (batch, lr, seed): (usize, f64, u64),
+    on_step: &mut dyn FnMut(f64),
 ) -> Vec<f64> {
     use rand::SeedableRng;
     use rand::seq::SliceRandom;
@@ -121,7 +120,9 @@ pub fn sft_epoch(
     for chunk in usable.chunks(batch.max(1)) {
         opt.zero_grad();
         let loss = masked_nll(model, chunk, true);
-        losses.push(loss.double_value(&[]));
+        let value = loss.double_value(&[]);
+        losses.push(value);
+        on_step(value);
         loss.backward();
         opt.step(lr);
     }

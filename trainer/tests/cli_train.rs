@@ -181,7 +181,7 @@ fn sft_learns_the_actions_and_masks_the_observations() {
     let mut opt = grove_trainer::optim::AdamW::new(&vs, Default::default());
     let before = evaluate_nll(&lm, &rows, 4);
     for _ in 0..30 {
-        sft_epoch(&lm, &mut opt, &rows, 4, 1e-2, 0);
+        sft_epoch(&lm, &mut opt, &rows, (4, 1e-2, 0), &mut |_| {});
     }
     let after = evaluate_nll(&lm, &rows, 4);
     assert!(after < 0.5 * before, "action NLL {before} -> {after}");

@@ -187,6 +187,8 @@ impl Ctx {
             "world/corpus.jsonl",
             "--questions",
             "world/train.jsonl",
+            "--prompt",
+            "world/prompt.txt",
             "--out",
             "init",
             "--vocab",

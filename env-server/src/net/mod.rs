@@ -214,6 +214,14 @@ fn drive(
             drained += 1;
         }
         let out = sim.tick(Instant::now());
+        // Counters first: a client that has its reply may read /metrics at once and must see
+        // the work that produced it.
+        let stats = sim.stats();
+        metrics.episodes_live.store(stats.episodes_live, Ordering::Relaxed);
+        metrics.episodes_created.store(stats.episodes_created, Ordering::Relaxed);
+        metrics.steps.store(stats.steps, Ordering::Relaxed);
+        metrics.forks.store(stats.forks, Ordering::Relaxed);
+        metrics.searches.store(stats.searches, Ordering::Relaxed);
         for reply in out.replies {
             count_errors(&reply.envelope.msg, metrics);
             if let Some(latency) = reply.latency {
@@ -235,12 +243,6 @@ fn drive(
                 let _ = tx.send(SearchDone { batch: batch.id, result, elapsed: started.elapsed() });
             });
         }
-        let stats = sim.stats();
-        metrics.episodes_live.store(stats.episodes_live, Ordering::Relaxed);
-        metrics.episodes_created.store(stats.episodes_created, Ordering::Relaxed);
-        metrics.steps.store(stats.steps, Ordering::Relaxed);
-        metrics.forks.store(stats.forks, Ordering::Relaxed);
-        metrics.searches.store(stats.searches, Ordering::Relaxed);
     }
 }
 
