@@ -115,7 +115,18 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         args.extend(cargo_test_args.iter().map(String::as_str));
         util::run(root, "cargo", &args)
     })?;
-    phase("python tests", &mut || python::pytest(&venv, root, &["protocol/tests/python"]))?;
+    phase("python tests", &mut || {
+        // The Python client's tests start a real env-server; `cargo test` built it already, this
+        // is a no-op then (and covers a filtered `cargo test` run that did not).
+        util::run(root, "cargo", &["build", "-p", "grove-env-server", "--bin", "env-server"])?;
+        let env_server = python::env_server_binary(root);
+        python::pytest(
+            &venv,
+            root,
+            &["protocol/tests/python", "clients/python/tests"],
+            &[("GROVE_ENV_SERVER", env_server.as_path())],
+        )
+    })?;
     util::banner("summary");
     for (name, secs) in &phases {
         println!("  {name:<20} {secs:>8.1} s");

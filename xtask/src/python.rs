@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::util;
 
 /// Packages the Python tests need, pinned.
-const REQUIREMENTS: &[&str] = &["msgpack==1.1.2", "pytest==8.4.2"];
+const REQUIREMENTS: &[&str] = &["msgpack==1.1.2", "pytest==8.4.2", "websockets==15.0.1"];
 
 pub fn venv_dir() -> PathBuf {
     grove_datasets::assets::cache_dir().join("venv")
@@ -38,9 +38,22 @@ pub fn ensure_venv(venv: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Run pytest on `paths` (relative to `root`).
-pub fn pytest(venv: &Path, root: &Path, paths: &[&str]) -> Result<()> {
+/// Run pytest on `paths` (relative to `root`) with extra environment variables.
+pub fn pytest(venv: &Path, root: &Path, paths: &[&str], envs: &[(&str, &Path)]) -> Result<()> {
     let mut cmd = Command::new(python(venv));
     cmd.args(["-m", "pytest", "-q"]).args(paths).current_dir(root);
+    for (key, value) in envs {
+        cmd.env(key, value);
+    }
     util::run_cmd(&mut cmd)
+}
+
+/// The env-server binary `cargo build` writes, honouring `CARGO_TARGET_DIR` as cargo does (a
+/// relative value is taken from the workspace root).
+pub fn env_server_binary(root: &Path) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| root.join(d))
+        .unwrap_or_else(|| root.join("target"));
+    target.join("debug").join(format!("env-server{}", std::env::consts::EXE_SUFFIX))
 }
