@@ -17,6 +17,7 @@ pub mod gguf;
 pub mod import;
 pub mod logprobs;
 pub mod model;
+pub mod openai;
 pub mod optim;
 pub mod plots;
 pub mod rollout;

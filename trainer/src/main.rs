@@ -9,10 +9,19 @@ use grove_trainer::device::{DeviceRequest, place};
 use grove_trainer::eval::{evaluate, format_report};
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::model::load_model;
+use grove_trainer::openai::{Mode, OpenAiEvalConfig, OpenAiPolicy, evaluate_openai};
 use grove_trainer::optim::{AdamW, AdamWConfig};
 use grove_trainer::rollout::agent::{AgentConfig, EnvClient, TreeShape};
 use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
 use grove_trainer::train::{TrainConfig, load_tasks};
+
+/// Which policy `trainer eval` evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum EvalPolicy {
+    Native,
+    Openai,
+    DirectOpenai,
+}
 
 #[derive(Parser)]
 #[command(name = "trainer", version, about = "Grove trainer")]
@@ -84,8 +93,29 @@ enum Command {
     },
     /// Evaluate a model as an agent through an env-server: EM / F1 per data source.
     Eval {
+        /// `native` (an HF folder, --model), `openai` (a ReAct agent served by an
+        /// OpenAI-compatible server, --base-url / --model-name) or `direct-openai` (the same server
+        /// answering without search: direct inference).
+        #[arg(long, value_enum, default_value = "native")]
+        policy: EvalPolicy,
+        /// The HF model folder (native policy).
         #[arg(long)]
-        model: PathBuf,
+        model: Option<PathBuf>,
+        /// The OpenAI-compatible server, with or without `/v1` (API key: `OPENAI_API_KEY`).
+        #[arg(long, default_value = "http://127.0.0.1:8001")]
+        base_url: String,
+        /// The served model's name (openai policies).
+        #[arg(long)]
+        model_name: Option<String>,
+        /// Questions in flight at once (openai policies).
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Retries of a model call on 429 / 5xx / timeouts (openai policies).
+        #[arg(long, default_value_t = 3)]
+        retries: u32,
+        /// Per-request timeout in seconds (openai policies).
+        #[arg(long, default_value_t = 120)]
+        timeout_s: u64,
         #[arg(long, default_value = "ws://127.0.0.1:8000/")]
         env: String,
         /// Search-R1 parquet or QA JSONL.
@@ -311,7 +341,13 @@ fn main() -> Result<()> {
             }
         }
         Command::Eval {
+            policy,
             model,
+            base_url,
+            model_name,
+            concurrency,
+            retries,
+            timeout_s,
             env,
             data,
             data_source,
@@ -325,10 +361,33 @@ fn main() -> Result<()> {
             json,
             device,
         } => {
-            let Loaded { lm, tok, .. } = load(&model, device)?;
-            let client = EnvClient::connect(&env, Default::default())?;
             let mut tasks = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
             tasks.truncate(max_questions.unwrap_or(usize::MAX));
+            let prompt_template = prompt.map(std::fs::read_to_string).transpose()?;
+            if policy != EvalPolicy::Native {
+                let name = model_name.context("--policy openai / direct-openai needs --model-name")?;
+                let mut http = OpenAiPolicy::new(base_url, name);
+                http.temperature = if sampled { 1.0 } else { 0.0 };
+                http.max_tokens = max_new_tokens;
+                http.timeout = std::time::Duration::from_secs(timeout_s.max(1));
+                http.retries = retries;
+                let config = OpenAiEvalConfig {
+                    mode: if policy == EvalPolicy::Openai { Mode::Agent } else { Mode::Direct },
+                    max_turns,
+                    prompt_template,
+                    topk,
+                    concurrency,
+                };
+                let report = evaluate_openai(&http, &env, Default::default(), &tasks, &config)?;
+                print!("{}", format_report(&report));
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+                }
+                return Ok(());
+            }
+            let model = model.context("--policy native needs --model (a Hugging Face model folder)")?;
+            let Loaded { lm, tok, .. } = load(&model, device)?;
+            let client = EnvClient::connect(&env, Default::default())?;
             let agent = AgentConfig {
                 max_turns,
                 sampling: SamplingParams {
@@ -337,7 +396,7 @@ fn main() -> Result<()> {
                     max_new_tokens,
                     ..SamplingParams::default()
                 },
-                prompt_template: prompt.map(std::fs::read_to_string).transpose()?,
+                prompt_template,
                 topk,
                 ..AgentConfig::default()
             };
