@@ -104,12 +104,26 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
     let table = String::from_utf8_lossy(&eval.stdout);
     assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
-    // The scripted warm-start agent writes SFT trajectories for the same world.
+    // `trainer world` writes the same world (seed 0, scale 1) the server holds, and the scripted
+    // warm-start agent plays its training questions into SFT trajectories.
+    let world_dir = work.path().join("world");
+    let written =
+        Command::new(bin).args(["world", "--train", "3", "--test", "1", "--out"]).arg(&world_dir).output().unwrap();
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let corpus_written = grove_datasets::loaders::load_wiki18(&world_dir.join("corpus.jsonl"), Default::default());
+    assert_eq!(corpus_written.unwrap().items, world.passages);
     let traj = work.path().join("warm.jsonl");
-    let warm =
-        Command::new(bin).args(["warmstart", "--questions", "3", "--env", &url, "--out"]).arg(&traj).output().unwrap();
+    let warm = Command::new(bin)
+        .args(["warmstart", "--passes", "1", "--env", &url, "--world"])
+        .arg(&world_dir)
+        .arg("--out")
+        .arg(&traj)
+        .output()
+        .unwrap();
     assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
-    assert_eq!(grove_trainer::sft::load_trajectories(&traj).unwrap().len(), 6);
+    let played = grove_trainer::sft::load_trajectories(&traj).unwrap();
+    assert_eq!(played.len(), 6, "3 training questions per hop count");
+    assert!(played.iter().all(|t| t.prompt.starts_with("Search with <search> name </search>")));
     // Budget accounting from the command line.
     let budget = Command::new(bin)
         .args([
