@@ -98,13 +98,13 @@ enum Command {
         /// answering without search: direct inference).
         #[arg(long, value_enum, default_value = "native")]
         policy: EvalPolicy,
-        /// The HF model folder (native policy).
+        /// The HF model folder (native policy), or the served model's name (openai policies).
         #[arg(long)]
         model: Option<PathBuf>,
         /// The OpenAI-compatible server, with or without `/v1` (API key: `OPENAI_API_KEY`).
         #[arg(long, default_value = "http://127.0.0.1:8001")]
         base_url: String,
-        /// The served model's name (openai policies).
+        /// The served model's name (openai policies; default: `--model`).
         #[arg(long)]
         model_name: Option<String>,
         /// Questions in flight at once (openai policies).
@@ -365,7 +365,9 @@ fn main() -> Result<()> {
             tasks.truncate(max_questions.unwrap_or(usize::MAX));
             let prompt_template = prompt.map(std::fs::read_to_string).transpose()?;
             if policy != EvalPolicy::Native {
-                let name = model_name.context("--policy openai / direct-openai needs --model-name")?;
+                let name = model_name
+                    .or_else(|| model.as_ref().map(|m| m.to_string_lossy().into_owned()))
+                    .context("--policy openai / direct-openai needs --model NAME (or --model-name)")?;
                 let mut http = OpenAiPolicy::new(base_url, name);
                 http.temperature = if sampled { 1.0 } else { 0.0 };
                 http.max_tokens = max_new_tokens;

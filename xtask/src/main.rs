@@ -116,10 +116,13 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         util::run(root, "cargo", &args)
     })?;
     phase("python tests", &mut || {
-        // The Python client's tests start a real env-server; `cargo test` built it already, this
-        // is a no-op then (and covers a filtered `cargo test` run that did not).
-        util::run(root, "cargo", &["build", "-p", "grove-env-server", "--bin", "env-server"])?;
+        // The Python client's tests start a real env-server. `cargo test --workspace` built it
+        // (for env-server's own integration tests); build it only when a filtered run did not, as
+        // a plain `cargo build -p` unifies features differently and would rebuild half the tree.
         let env_server = python::env_server_binary(root);
+        if !env_server.exists() {
+            util::run(root, "cargo", &["build", "-p", "grove-env-server", "--bin", "env-server"])?;
+        }
         python::pytest(
             &venv,
             root,
