@@ -12,10 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::eval::EvalReport;
 use crate::model::load_model;
-use crate::rollout::agent::EnvClient;
-use crate::run::{EvalPoint, RunOptions, RunSummary, eval_point};
+use crate::run::{EvalPoint, RunOptions, RunSummary, agent_config, connect_envs, eval_point, held_out_tasks};
 use crate::tokenizer::Tokenizer;
-use crate::train::{TrainConfig, load_tasks};
+use crate::train::TrainConfig;
 
 /// One arm: a rollout method and its budget (in complete trajectories per prompt).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,14 +140,12 @@ fn evaluate_start(train: &TrainConfig) -> Result<EvalPoint> {
     let placement = crate::device::place(train.device.parse().map_err(anyhow::Error::msg)?)?;
     let (_vs, model) = load_model(&train.model, placement.device, placement.kind)?;
     let tok = Tokenizer::from_dir(train.tokenizer.as_deref().unwrap_or(&train.model))?;
-    let envs: Vec<EnvClient> =
-        train.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?;
-    let data = train.eval_data.as_ref().context("the experiment needs eval_data (held-out questions)")?;
-    let mut tasks = load_tasks(data, &train.data_source)?;
-    tasks.truncate(train.eval_max_questions);
-    let mut agent = train.agent();
-    agent.prompt_template = train.prompt_template_text()?;
-    eval_point(&model, &tok, &envs, &tasks, &agent, false, (0, train.seed))
+    if train.eval_data.is_none() {
+        anyhow::bail!("the experiment needs eval_data (held-out questions)");
+    }
+    let tasks = held_out_tasks(train)?;
+    let envs = connect_envs(train)?;
+    eval_point(&model, &tok, &envs, &tasks, &agent_config(train)?, false, (0, train.seed))
 }
 
 fn slug(label: &str) -> String {

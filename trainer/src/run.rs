@@ -48,6 +48,26 @@ pub struct RunSummary {
     pub out_dir: PathBuf,
 }
 
+/// One client per env-server URL of `cfg`.
+pub fn connect_envs(cfg: &TrainConfig) -> Result<Vec<EnvClient>> {
+    Ok(cfg.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?)
+}
+
+/// The evaluation questions of `cfg` (at most `eval_max_questions`; none without `eval_data`).
+pub fn held_out_tasks(cfg: &TrainConfig) -> Result<Vec<grove_protocol::TaskSpec>> {
+    let mut tasks = match &cfg.eval_data {
+        Some(p) => load_tasks(p, &cfg.data_source)?,
+        None => Vec::new(),
+    };
+    tasks.truncate(cfg.eval_max_questions);
+    Ok(tasks)
+}
+
+/// The agent settings of `cfg`, with its prompt template file read.
+pub fn agent_config(cfg: &TrainConfig) -> Result<AgentConfig> {
+    Ok(AgentConfig { prompt_template: cfg.prompt_template_text()?, ..cfg.agent() })
+}
+
 /// Evaluate `model` on `tasks` greedily (and sampled with the run's settings when asked), as
 /// the point of `step`.
 pub fn eval_point(
@@ -92,14 +112,9 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     ref_vs.freeze();
     let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
     let tok = Tokenizer::from_dir(&tok_dir).with_context(|| format!("tokenizer of {}", tok_dir.display()))?;
-    let envs: Vec<EnvClient> =
-        cfg.env.0.iter().map(|u| EnvClient::connect(u, Default::default())).collect::<Result<_, _>>()?;
+    let envs = connect_envs(cfg)?;
     let tasks = load_tasks(&cfg.train_data, &cfg.data_source)?;
-    let mut eval_tasks = match &cfg.eval_data {
-        Some(p) => load_tasks(p, &cfg.data_source)?,
-        None => Vec::new(),
-    };
-    eval_tasks.truncate(cfg.eval_max_questions);
+    let eval_tasks = held_out_tasks(cfg)?;
     let mut opt = AdamW::new(&vs, AdamWConfig::default());
     let mut start = 0;
     if opts.resume
@@ -114,7 +129,7 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     std::fs::create_dir_all(&cfg.out_dir)?;
     std::fs::write(cfg.out_dir.join("config.toml"), toml::to_string_pretty(cfg)?)?;
     let mut step_cfg = cfg.step_config();
-    step_cfg.agent.prompt_template = cfg.prompt_template_text()?;
+    step_cfg.agent = agent_config(cfg)?;
     let bar = if opts.progress { indicatif::ProgressBar::new(cfg.steps) } else { indicatif::ProgressBar::hidden() };
     bar.set_position(start);
     bar.set_style(

@@ -100,15 +100,27 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
     Ok(PathBuf::from(v["target_directory"].as_str().context("no target_directory")?))
 }
 
-/// Scores of one `eval-<step>.json` written by `trainer train`: (source, EM, tools/question).
-fn read_eval(path: &Path) -> Result<Vec<(String, f64, f64)>> {
+/// One row of a `trainer` evaluation report: (data source, questions, score, tools/question).
+type ReportRow = (String, u64, f64, f64);
+
+/// The rows of the report at `pointer` (a JSON pointer: `/greedy` in an `eval-<step>.json`
+/// written by `trainer train`, empty for a `trainer eval --json` file).
+fn read_report(path: &Path, pointer: &str) -> Result<Vec<ReportRow>> {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?)?;
-    let greedy = v["greedy"].as_object().with_context(|| format!("{}: no greedy report", path.display()))?;
-    Ok(greedy
+    let report = v
+        .pointer(pointer)
+        .and_then(serde_json::Value::as_object)
+        .with_context(|| format!("{}: no report at `{pointer}`", path.display()))?;
+    Ok(report
         .iter()
         .map(|(k, s)| {
-            (k.clone(), s["score"].as_f64().unwrap_or(0.0), s["tool_calls_per_question"].as_f64().unwrap_or(0.0))
+            (
+                k.clone(),
+                s["questions"].as_u64().unwrap_or(0),
+                s["score"].as_f64().unwrap_or(0.0),
+                s["tool_calls_per_question"].as_f64().unwrap_or(0.0),
+            )
         })
         .collect())
 }
@@ -216,10 +228,7 @@ impl Ctx {
 pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let started = Instant::now();
     let ctx = Ctx::prepare(root, &args.out, args.release)?;
-    let out = ctx.out.clone();
-    let trainer = ctx.trainer.clone();
-    let env_server = ctx.env_server.clone();
-    let tr = |a: &[&str]| ctx.trainer(a);
+    let out = &ctx.out;
     let server = ctx.world_server(args.test_questions)?;
     ctx.warm_start(&server.url, args.warm_passes, args.sft_epochs)?;
 
@@ -227,10 +236,10 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let config = demo_train_config(&server.url, args);
     std::fs::write(out.join("train.toml"), config)?;
     let _ = std::fs::remove_dir_all(out.join("rl"));
-    tr(&["train", "--config", "train.toml"])?;
+    ctx.trainer(&["train", "--config", "train.toml"])?;
     drop(server);
-    let before = read_eval(&out.join("rl/eval-0.json"))?;
-    let after = read_eval(&out.join(format!("rl/eval-{}.json", args.steps)))?;
+    let before = read_report(&out.join("rl/eval-0.json"), "/greedy")?;
+    let after = read_report(&out.join(format!("rl/eval-{}.json", args.steps)), "/greedy")?;
 
     let mut smol = None;
     if !args.skip_smollm2 {
@@ -238,11 +247,11 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         let hf = grove_datasets::assets::assets_dir().join("smollm2-135m-instruct-hf");
         if !hf.join("model.safetensors").exists() {
             let gguf = grove_datasets::assets::smollm2_gguf();
-            util::run_cmd(Command::new(&trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
+            util::run_cmd(Command::new(&ctx.trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
         }
         let corpus = grove_datasets::assets::wiki_summaries_corpus();
-        let server = start_server(&env_server, &corpus, &out.join("env-server-wiki.log"))?;
-        let mut cmd = Command::new(&trainer);
+        let server = start_server(&ctx.env_server, &corpus, &out.join("env-server-wiki.log"))?;
+        let mut cmd = Command::new(&ctx.trainer);
         cmd.arg("eval")
             .arg("--model")
             .arg(&hf)
@@ -254,18 +263,18 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         if let Some(n) = args.smollm2_questions {
             cmd.args(["--max-questions", &n.to_string()]);
         }
-        util::run_cmd(cmd.current_dir(&out))?;
-        smol = Some(read_report(&out.join("smollm2-fanoutqa.json"))?);
+        util::run_cmd(cmd.current_dir(out))?;
+        smol = read_report(&out.join("smollm2-fanoutqa.json"), "")?.into_iter().find(|r| r.0 == "all");
     }
 
     util::banner("demo summary");
     println!("small policy (from scratch, SFT warm start) on held-out synthetic questions, greedy EM:");
     println!("  {:<18} {:>8} {:>8} {:>16}", "data source", "before", "after", "tools/q after");
-    for (src, em, _) in &before {
-        let (a, tools) = after.iter().find(|(s, _, _)| s == src).map_or((0.0, 0.0), |x| (x.1, x.2));
+    for (src, _, em, _) in &before {
+        let (a, tools) = after.iter().find(|r| &r.0 == src).map_or((0.0, 0.0), |r| (r.2, r.3));
         println!("  {src:<18} {em:>8.3} {a:>8.3} {tools:>16.2}");
     }
-    if let Some((n, em, tools)) = smol {
+    if let Some((_, n, em, tools)) = smol {
         println!(
             "SmolLM2-135M-Instruct ReAct on {n} answerable FanOutQA questions: EM {em:.3}, {tools:.2} tool calls per question"
         );
@@ -276,27 +285,11 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// (questions, EM, tool calls per question) of the `all` row of a `trainer eval --json` report.
-fn read_report(path: &Path) -> Result<(u64, f64, f64)> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-    let all = &v["all"];
-    Ok((
-        all["questions"].as_u64().unwrap_or(0),
-        all["score"].as_f64().unwrap_or(0.0),
-        all["tool_calls_per_question"].as_f64().unwrap_or(0.0),
-    ))
-}
-
 /// The `trainer train` configuration of the demo's RL run.
 fn demo_train_config(env: &str, args: &DemoArgs) -> String {
     format!(
         r#"# Written by `cargo xtask demo`.
-model = "sft"
-env = "{env}"
-train_data = "world/train.jsonl"
-eval_data = "world/test.jsonl"
-prompt_template = "world/prompt.txt"
-data_source = "synthetic"
+{world}
 out_dir = "rl"
 steps = {steps}
 prompts_per_step = {prompts}
@@ -311,9 +304,23 @@ eval_before = true
 eval_sampled = false
 save_every = 0
 "#,
+        world = world_keys(env),
         steps = args.steps,
         prompts = args.prompts,
         common = RL_SETTINGS,
+    )
+}
+
+/// The `trainer train` keys naming the warm-started policy, the env-server and the world's files
+/// (paths relative to the demo or experiment folder).
+fn world_keys(env: &str) -> String {
+    format!(
+        r#"model = "sft"
+env = "{env}"
+train_data = "world/train.jsonl"
+eval_data = "world/test.jsonl"
+prompt_template = "world/prompt.txt"
+data_source = "synthetic""#
     )
 }
 
@@ -367,12 +374,7 @@ pub fn experiment(root: &Path, args: &ExperimentArgs) -> Result<()> {
 seeds = [{seeds}]
 
 [train]
-model = "sft"
-env = "{env}"
-train_data = "world/train.jsonl"
-eval_data = "world/test.jsonl"
-prompt_template = "world/prompt.txt"
-data_source = "synthetic"
+{world}
 out_dir = "experiment"
 steps = {steps}
 prompts_per_step = {prompts}
@@ -408,7 +410,7 @@ l = 1
 k = 3
 "#,
         seeds = args.seeds,
-        env = server.url,
+        world = world_keys(&server.url),
         steps = args.steps,
         prompts = args.prompts,
         common = RL_SETTINGS,

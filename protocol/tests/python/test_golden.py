@@ -9,6 +9,8 @@ import pathlib
 import msgpack
 import pytest
 
+from wire_values import value_types
+
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden"
 NAMES = sorted(p.stem for p in GOLDEN.glob("*.hex"))
 
@@ -26,7 +28,7 @@ def test_frame_decodes_to_documented_value(name):
     decoded = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     assert decoded == expected
     # Types matter on the wire, not only values: floats stay floats, ints stay ints.
-    assert _types(decoded) == _types(expected)
+    assert value_types(decoded) == value_types(expected)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -36,11 +38,3 @@ def test_python_encoding_is_byte_identical(name):
     frame = bytes.fromhex((GOLDEN / f"{name}.hex").read_text().strip())
     expected = json.loads((GOLDEN / f"{name}.json").read_text())
     assert msgpack.packb(expected, use_bin_type=True) == frame
-
-
-def _types(v):
-    if isinstance(v, dict):
-        return {k: _types(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_types(x) for x in v]
-    return type(v).__name__

@@ -8,6 +8,8 @@ import re
 import msgpack
 import pytest
 
+from wire_values import value_types
+
 DOC = pathlib.Path(__file__).resolve().parent.parent.parent / "PROTOCOL.md"
 GOLDEN_COMMENT = re.compile(r"^\s*<!--\s*golden:\s*(\S+)\s*-->\s*$")
 
@@ -59,17 +61,9 @@ def test_hex_block_decodes_to_json_block(name, hex_text, json_text):
     expected = json.loads(json_text)
     assert decoded == expected
     # 1.0 == 1 in Python; the wire distinguishes floats from integers, so the doc must too.
-    assert _types(decoded) == _types(expected)
+    assert value_types(decoded) == value_types(expected)
 
 
 def test_parser_refuses_a_comment_without_hex():
     with pytest.raises(ValueError):
         parse_examples("<!-- golden: x -->\n```json\n{}\n```\n")
-
-
-def _types(v):
-    if isinstance(v, dict):
-        return {k: _types(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_types(x) for x in v]
-    return type(v).__name__
