@@ -8,6 +8,11 @@ use grove_datasets::metrics::RewardConfig;
 use grove_protocol::Limits;
 use serde::{Deserialize, Serialize};
 
+pub use crate::cache::{CacheConfig, CacheMode, CacheStoreKind};
+pub use crate::search::RenderFormat;
+pub use crate::search::page::PageConfig;
+pub use crate::search::web::{Provider, WebConfig};
+
 /// Everything `run` needs. Deserialised from TOML; every key has a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -28,6 +33,13 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
     pub episodes: EpisodeDefaults,
     pub remote: RemoteConfig,
+    /// The live web search provider (`backend = "web"`).
+    pub web: WebConfig,
+    /// The open-page tool (always on with `backend = "web"`, else when `pages.enabled`).
+    pub pages: PageConfig,
+    /// The persistent cache in front of web providers and page fetches (and of the remote
+    /// retriever when `remote.cache` is set).
+    pub cache: CacheConfig,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +55,9 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             episodes: EpisodeDefaults::default(),
             remote: RemoteConfig::default(),
+            web: WebConfig::default(),
+            pages: PageConfig::default(),
+            cache: CacheConfig::default(),
         }
     }
 }
@@ -66,6 +81,9 @@ impl ServerConfig {
 pub enum BackendKind {
     Local,
     Remote,
+    /// Live web search through a provider (`[web]`), with the page tool (`[pages]`) and the
+    /// persistent cache (`[cache]`).
+    Web,
 }
 
 /// Limits, all enforced with typed errors.
@@ -150,11 +168,32 @@ pub struct EpisodeDefaults {
     pub prompt_template: String,
     /// `training` (format scores 0.2 / 0.1) or `validation` (pure EM / F1).
     pub reward: RewardMode,
+    /// How a failed search or page fetch reaches the agent: `observation` (the step happens, the
+    /// model reads `Search failed for query: …`, the observation carries the typed code) or
+    /// `error` (the step item fails with the code and the episode is unchanged).
+    pub tool_errors: ToolErrors,
+    /// Rendering of search results; unset = the backend's own (`docs` for corpora and
+    /// retrievers, `pages` for web providers).
+    pub render: Option<RenderFormat>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrors {
+    Observation,
+    Error,
 }
 
 impl Default for EpisodeDefaults {
     fn default() -> Self {
-        Self { max_turns: 3, topk: 3, prompt_template: DEFAULT_PROMPT.to_string(), reward: RewardMode::Training }
+        Self {
+            max_turns: 3,
+            topk: 3,
+            prompt_template: DEFAULT_PROMPT.to_string(),
+            reward: RewardMode::Training,
+            tool_errors: ToolErrors::Observation,
+            render: None,
+        }
     }
 }
 
@@ -191,10 +230,12 @@ pub struct RemoteConfig {
     /// Attempts after the first on connection errors and 5xx replies.
     pub retries: u32,
     pub backoff_ms: u64,
+    /// Put the persistent cache (`[cache]`) in front of the retriever too.
+    pub cache: bool,
 }
 
 impl Default for RemoteConfig {
     fn default() -> Self {
-        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100 }
+        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100, cache: false }
     }
 }

@@ -4,17 +4,21 @@
 //!
 //! Layout: [`sim`] is the ECS core (no I/O); [`search`] holds the backends behind one trait;
 //! [`net`] is the tokio layer (WebSocket, HTTP, the thread that drives the sim); [`config`] the
-//! TOML/CLI configuration; [`metrics`] the Prometheus counters.
+//! TOML/CLI configuration; [`metrics`] the Prometheus counters; [`cache`] the persistent cache in
+//! front of web providers and page fetches; [`testkit`] a scripted loopback HTTP server for tests.
 //!
 //! Architecture invariants: this crate never links libtorch; the ECS core does no I/O (sockets
 //! and HTTP live in the net layer, search backends sit behind a trait and are called outside the
 //! systems).
 
+pub mod backends;
+pub mod cache;
 pub mod config;
 pub mod metrics;
 pub mod net;
 pub mod search;
 pub mod sim;
+pub mod testkit;
 
 pub use net::{Backends, run};
 

@@ -55,8 +55,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use grove_env_server::config::{BackendKind, ServerConfig};
-use grove_env_server::search::{LocalIndex, RemoteRetriever};
+use grove_env_server::backends::{open_cache, remote_backends, web_backends, with_pages};
+use grove_env_server::config::{BackendKind, CacheMode, CacheStoreKind, Provider, ServerConfig};
+use grove_env_server::search::LocalIndex;
 use grove_env_server::{Backends, run};
 
 #[derive(Parser)]
@@ -72,6 +73,29 @@ enum Command {
     Serve(ServeArgs),
     /// Start a server in-process on loopback and measure it with real WebSocket clients.
     Bench(bench::BenchArgs),
+    /// Export or import the persistent web cache as JSONL (one entry per line).
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Write every live entry of the cache the configuration names to a JSONL file.
+    Export {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The JSONL file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Add the entries of a JSONL file to the cache (an entry of the file replaces the cached one).
+    Import {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The JSONL file to read.
+        #[arg(long = "in")]
+        input: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -85,9 +109,26 @@ struct ServeArgs {
     /// Index directory (default: `<corpus>.index` beside the corpus).
     #[arg(long)]
     index: Option<PathBuf>,
-    /// `local` (BM25 over --corpus) or `remote` (a Search-R1 /retrieve server at --remote-url).
+    /// `local` (BM25 over --corpus), `remote` (a Search-R1 /retrieve server at --remote-url) or
+    /// `web` (a live search provider, see --provider, with the open-page tool).
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
+    /// Web search provider (implies --backend web). Its API key comes from `web.api_key_env`,
+    /// by default SERPER_API_KEY, SERPAPI_API_KEY, BRAVE_API_KEY or TAVILY_API_KEY.
+    #[arg(long, value_enum)]
+    provider: Option<Provider>,
+    /// The provider's search endpoint (required for a self-hosted SearxNG: http://host:port/search).
+    #[arg(long)]
+    web_endpoint: Option<String>,
+    /// SQLite file of the persistent cache (default ~/.cache/grove/web-cache.sqlite3).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Share the cache through Redis, e.g. redis://127.0.0.1:6379/0.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Serve only cached results; a miss is a `replay_miss` error and nothing goes to the network.
+    #[arg(long)]
+    replay: bool,
     /// URL of the remote /retrieve endpoint, e.g. http://127.0.0.1:8000/retrieve.
     #[arg(long)]
     remote_url: Option<String>,
@@ -112,6 +153,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run_bench(args)),
+        Command::Cache(cmd) => runtime.block_on(cache_command(cmd)),
     }
 }
 
@@ -144,7 +186,55 @@ fn load_config(args: &ServeArgs) -> Result<ServerConfig> {
     if let Some(t) = &args.token_env {
         config.token_env = Some(t.clone());
     }
+    if let Some(p) = args.provider {
+        config.web.provider = p;
+        if args.backend.is_none() {
+            config.backend = BackendKind::Web;
+        }
+    }
+    if let Some(e) = &args.web_endpoint {
+        config.web.endpoint = Some(e.clone());
+    }
+    if let Some(path) = &args.cache {
+        config.cache.path = Some(path.clone());
+        config.cache.store = CacheStoreKind::Sqlite;
+    }
+    if let Some(url) = &args.redis_url {
+        config.cache.redis_url = Some(url.clone());
+        config.cache.store = CacheStoreKind::Redis;
+    }
+    if args.replay {
+        config.cache.mode = CacheMode::Replay;
+    }
     Ok(config)
+}
+
+async fn cache_command(cmd: CacheCommand) -> Result<()> {
+    let (args, file, export) = match &cmd {
+        CacheCommand::Export { serve, out } => (serve, out, true),
+        CacheCommand::Import { serve, input } => (serve, input, false),
+    };
+    let config = load_config(args)?;
+    let Some(cache) = open_cache(&config.cache).await? else { bail!("the configuration has no cache (store = none)") };
+    if export {
+        let out = std::fs::File::create(file).with_context(|| format!("create {}", file.display()))?;
+        let n = cache.export_jsonl(std::io::BufWriter::new(out)).await?;
+        eprintln!("exported {n} entries of {} to {}", cache.describe(), file.display());
+    } else {
+        let input = std::fs::File::open(file).with_context(|| format!("open {}", file.display()))?;
+        let report = cache.import_jsonl(std::io::BufReader::new(input)).await?;
+        eprintln!(
+            "imported {} entries into {} ({} already expired, {} unreadable lines)",
+            report.imported,
+            cache.describe(),
+            report.expired,
+            report.bad_lines.len()
+        );
+        for (line, why) in report.bad_lines.iter().take(10) {
+            eprintln!("  line {line}: {why}");
+        }
+    }
+    Ok(())
 }
 
 /// Open (building if needed) the BM25 index of a corpus, with a progress bar.
@@ -175,12 +265,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             let index_dir = config.index.clone();
             let index = tokio::task::spawn_blocking(move || open_local_index(&corpus, index_dir.as_deref())).await??;
             tracing::info!(docs = index.num_docs(), "BM25 index ready");
-            Backends::new("local", Arc::new(index))
+            let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
+            with_pages(Backends::new("local", Arc::new(index)), &config, cache)?
         }
-        BackendKind::Remote => {
-            let Some(url) = &config.remote_url else { bail!("the remote backend needs --remote-url") };
-            Backends::new("remote", Arc::new(RemoteRetriever::new(url.clone(), config.remote.clone())?))
-        }
+        BackendKind::Remote => remote_backends(&config).await?,
+        BackendKind::Web => web_backends(&config).await?,
     };
     let listener = tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("bind {}", config.bind))?;
     if config.resolved_token().is_none() && !config.bind.ip().is_loopback() {

@@ -94,3 +94,26 @@ impl Metrics {
         out
     }
 }
+
+/// Per-provider cost accounting (web providers, the page fetcher, cached retrievers) in the
+/// Prometheus text format, one labelled series per provider.
+pub fn render_providers(out: &mut String, usage: &std::collections::BTreeMap<String, grove_protocol::ProviderUsage>) {
+    if usage.is_empty() {
+        return;
+    }
+    type Field = fn(&grove_protocol::ProviderUsage) -> u64;
+    let series: [(&str, &str, Field); 6] = [
+        ("grove_provider_calls_total", "HTTP requests sent to the provider, retries included.", |u| u.calls),
+        ("grove_provider_errors_total", "Tool calls that failed after retries.", |u| u.errors),
+        ("grove_provider_retries_total", "Retries after 429, 5xx or connection errors.", |u| u.retries),
+        ("grove_provider_throttled_total", "Calls that waited for the rate limiter.", |u| u.throttled),
+        ("grove_cache_hits_total", "Tool calls answered by the persistent cache.", |u| u.cache_hits),
+        ("grove_cache_misses_total", "Tool calls the cache did not hold.", |u| u.cache_misses),
+    ];
+    for (name, help, field) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (provider, u) in usage {
+            let _ = writeln!(out, "{name}{{provider=\"{provider}\"}} {}", field(u));
+        }
+    }
+}

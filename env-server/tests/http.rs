@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{TestServer, em_task, fixture};
 use grove_env_server::Backends;
-use grove_env_server::config::{RemoteConfig, ServerConfig};
+use grove_env_server::config::{RemoteConfig, ServerConfig, ToolErrors};
 use grove_env_server::search::{LocalIndex, RemoteRetriever, SearchBackend, SearchError};
 use grove_protocol::{ErrorCode, StepAction};
 use serde_json::{Value, json};
@@ -98,38 +98,56 @@ async fn remote_backend_that_hangs_meets_its_deadline() {
             held.push(s);
         }
     });
-    let cfg = RemoteConfig { deadline_ms: 300, retries: 1, backoff_ms: 10 };
+    let cfg = RemoteConfig { deadline_ms: 300, retries: 1, backoff_ms: 10, ..Default::default() };
     let remote = RemoteRetriever::new(format!("http://{addr}/retrieve"), cfg).unwrap();
     let t = Instant::now();
     let err = remote.search(vec!["q".into()], 3).await.unwrap_err();
     assert_eq!(err, SearchError::Timeout(300));
     assert!(t.elapsed() < Duration::from_secs(2));
 
-    // Through the server: the step fails with backend_error, the episode is unchanged, and the
-    // server keeps serving.
-    let server = TestServer::start_with(
-        ServerConfig::default(),
-        Backends::new("remote", Arc::new(remote)),
-        LocalIndex::open_or_build(
-            &fixture("wiki18-sample.jsonl"),
-            Some(&tempfile::tempdir().unwrap().path().join("i")),
-            &mut |_| {},
+    // Through the server, by default: the failed search is a step whose observation says why and
+    // carries the typed code; with `tool_errors = "error"` the item fails and the episode is
+    // unchanged. Either way the server keeps serving.
+    let mut strict = ServerConfig::default();
+    strict.episodes.tool_errors = ToolErrors::Error;
+    for config in [ServerConfig::default(), strict] {
+        let mode = config.episodes.tool_errors;
+        let server = TestServer::start_with(
+            config,
+            Backends::new("remote", Arc::new(remote.clone())),
+            LocalIndex::open_or_build(
+                &fixture("wiki18-sample.jsonl"),
+                Some(&tempfile::tempdir().unwrap().path().join("i")),
+                &mut |_| {},
+            )
+            .unwrap(),
+            tempfile::tempdir().unwrap(),
         )
-        .unwrap(),
-        tempfile::tempdir().unwrap(),
-    )
-    .await;
-    let c = server.client().await;
-    let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
-    let r = c
-        .step(vec![StepAction { episode: ep, action: grove_protocol::Action::Text("<search> q </search>".into()) }])
-        .await
-        .unwrap();
-    assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::BackendError);
-    assert_eq!(c.transcript(ep).await.unwrap().steps.len(), 0);
-    let obs = c.step_text(ep, "<answer> Ada Kerrigan </answer>").await.unwrap();
-    assert!(obs.done);
-    server.shutdown().await;
+        .await;
+        let c = server.client().await;
+        let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
+        let action = grove_protocol::Action::Text("<search> q </search>".into());
+        let r = c.step(vec![StepAction { episode: ep, action }]).await.unwrap().remove(0);
+        match mode {
+            ToolErrors::Observation => {
+                let obs = r.unwrap();
+                assert_eq!(obs.error.map(|e| e.code), Some(ErrorCode::BackendTimeout));
+                assert_eq!(
+                    obs.text,
+                    "\n\n<information>Search failed for query: q (timeout after 300 ms)</information>\n\n"
+                );
+                assert_eq!(c.transcript(ep).await.unwrap().steps.len(), 1);
+            }
+            ToolErrors::Error => {
+                assert_eq!(r.unwrap_err().code, ErrorCode::BackendTimeout);
+                assert_eq!(c.transcript(ep).await.unwrap().steps.len(), 0);
+            }
+        }
+        let obs = c.step_text(ep, "<answer> Ada Kerrigan </answer>").await.unwrap();
+        assert!(obs.done);
+        drop(c);
+        server.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +170,7 @@ async fn remote_backend_rejects_garbage_replies() {
         });
         addr
     }
-    let cfg = RemoteConfig { deadline_ms: 2000, retries: 2, backoff_ms: 5 };
+    let cfg = RemoteConfig { deadline_ms: 2000, retries: 2, backoff_ms: 5, ..Default::default() };
     for (body, status, want) in [
         ("not json", 200, "unreadable"),
         ("{\"result\": [[{\"document\": {\"id\": \"1\"}}]]}", 200, "unreadable"),

@@ -39,8 +39,14 @@ pub enum ErrorCode {
     /// The episode belongs to another connection.
     NotOwner,
     UnknownBackend,
-    /// The search backend failed or timed out.
+    /// The search backend (or page fetch) failed.
     BackendError,
+    /// The search or page fetch ran past its deadline.
+    BackendTimeout,
+    /// Replay mode: the call was never recorded in the cache.
+    ReplayMiss,
+    /// The open-page tool refused the URL (scheme, private address, redirects).
+    UrlRejected,
     /// The server is shutting down and takes no new work.
     ShuttingDown,
     /// A bug on the server side; the message says more.
@@ -49,7 +55,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numbering order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnsupportedFrame,
@@ -68,6 +74,9 @@ impl ErrorCode {
         ErrorCode::NotOwner,
         ErrorCode::UnknownBackend,
         ErrorCode::BackendError,
+        ErrorCode::BackendTimeout,
+        ErrorCode::ReplayMiss,
+        ErrorCode::UrlRejected,
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
     ];
@@ -93,6 +102,9 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => 303,
             ErrorCode::UnknownBackend => 400,
             ErrorCode::BackendError => 401,
+            ErrorCode::BackendTimeout => 402,
+            ErrorCode::ReplayMiss => 403,
+            ErrorCode::UrlRejected => 404,
             ErrorCode::ShuttingDown => 500,
             ErrorCode::Internal => 501,
         }
@@ -119,6 +131,9 @@ impl ErrorCode {
             ErrorCode::NotOwner => "not_owner",
             ErrorCode::UnknownBackend => "unknown_backend",
             ErrorCode::BackendError => "backend_error",
+            ErrorCode::BackendTimeout => "backend_timeout",
+            ErrorCode::ReplayMiss => "replay_miss",
+            ErrorCode::UrlRejected => "url_rejected",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
         }

@@ -140,6 +140,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                             forced_final: false,
                             turns_left: 2,
                             reward: None,
+                            error: None,
                         }),
                         Ok(Observation {
                             episode: 3,
@@ -150,6 +151,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                             forced_final: false,
                             turns_left: 1,
                             reward: Some(reward()),
+                            error: None,
                         }),
                         Err(ErrorInfo::for_episode(ErrorCode::UnknownEpisode, 99, "no episode 99")),
                     ],
@@ -208,6 +210,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                     searches: 11,
                     connections: 1,
                     uptime_ms: 12_345,
+                    providers: Default::default(),
                 }),
             ),
         ),

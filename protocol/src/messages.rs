@@ -206,6 +206,11 @@ pub struct Observation {
     pub turns_left: u32,
     /// Present when `done`.
     pub reward: Option<Reward>,
+    /// Present when the tool call failed (search error, timeout, refused URL): the step still
+    /// happened, `text` tells the model what went wrong, and this carries the typed code. Absent
+    /// from the frame when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
 }
 
 /// The score of a finished episode, with the parts it was computed from.
@@ -316,6 +321,25 @@ pub struct ServerStats {
     pub searches: u64,
     pub connections: u64,
     pub uptime_ms: u64,
+    /// Cost accounting per web provider, retriever and page fetcher (absent when the server has
+    /// none).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub providers: std::collections::BTreeMap<String, ProviderUsage>,
+}
+
+/// Calls one provider received from this server, and what the cache saved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderUsage {
+    /// HTTP requests sent to the provider, retries included.
+    pub calls: u64,
+    /// Tool calls that failed after retries.
+    pub errors: u64,
+    /// Retries after 429, 5xx or connection errors.
+    pub retries: u64,
+    /// Calls that waited for the rate limiter.
+    pub throttled: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@ mod assets;
 mod demo;
 mod libtorch;
 mod python;
+mod redis;
 mod util;
 
 use std::path::{Path, PathBuf};
@@ -104,6 +105,12 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     phase("assets", &mut || assets::ensure_all(false))?;
     let venv = python::venv_dir();
     phase("python venv", &mut || python::ensure_venv(&venv))?;
+    let mut redis_server = PathBuf::new();
+    phase("redis-server", &mut || {
+        redis_server = redis::ensure()?;
+        println!("redis-server: {}", redis_server.display());
+        Ok(())
+    })?;
     if !no_lint {
         phase("cargo fmt --check", &mut || util::run(root, "cargo", &["fmt", "--all", "--check"]))?;
         phase("cargo clippy", &mut || {
@@ -113,7 +120,10 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     phase("cargo test", &mut || {
         let mut args = vec!["test", "--workspace"];
         args.extend(cargo_test_args.iter().map(String::as_str));
-        util::run(root, "cargo", &args)
+        // The shared-cache tests start their own redis-servers from this program.
+        util::run_cmd(
+            std::process::Command::new("cargo").current_dir(root).args(&args).env("GROVE_REDIS_SERVER", &redis_server),
+        )
     })?;
     phase("python tests", &mut || {
         // The Python client's tests start a real env-server. `cargo test --workspace` built it

@@ -101,7 +101,11 @@ async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Bod
             let body = json!({ "status": "ok", "episodes_live": live, "backends": ctx.backends.names() });
             respond(StatusCode::OK, "application/json", body.to_string())
         }
-        (&Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", ctx.metrics.render()),
+        (&Method::GET, "/metrics") => {
+            let mut text = ctx.metrics.render();
+            crate::metrics::render_providers(&mut text, &ctx.backends.usage());
+            respond(StatusCode::OK, "text/plain; version=0.0.4", text)
+        }
         (_, "/retrieve" | "/health" | "/metrics") => {
             error(&ctx, StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MalformedFrame, "method not allowed")
         }

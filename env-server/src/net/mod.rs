@@ -21,18 +21,42 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
-use crate::search::{Hit, SearchBackend, SearchError};
-use crate::sim::{BatchId, ConnId, Sim};
+use crate::search::{PageTool, SearchBackend, SearchError};
+use crate::sim::{BatchId, ConnId, SearchResult, Sim, Tool};
 
-/// The search backends a server offers, by name; the first is the default.
+/// The search backends a server offers, by name; the first is the default. `pages`, when set,
+/// makes `open` a tool.
 #[derive(Debug, Clone)]
 pub struct Backends {
     list: Vec<(String, Arc<dyn SearchBackend>)>,
+    pub pages: Option<Arc<dyn PageTool>>,
 }
 
 impl Backends {
     pub fn new(name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
-        Self { list: vec![(name.into(), backend)] }
+        Self { list: vec![(name.into(), backend)], pages: None }
+    }
+
+    /// Offer the open-page tool.
+    pub fn with_pages(mut self, pages: Arc<dyn PageTool>) -> Self {
+        self.pages = Some(pages);
+        self
+    }
+
+    /// Calls, errors and cache figures of every backend and of the page tool, by provider.
+    pub fn usage(&self) -> std::collections::BTreeMap<String, grove_protocol::ProviderUsage> {
+        let mut all = std::collections::BTreeMap::new();
+        let pages = self.pages.iter().flat_map(|p| p.usage());
+        for (name, u) in self.list.iter().flat_map(|(_, b)| b.usage()).chain(pages) {
+            let e: &mut grove_protocol::ProviderUsage = all.entry(name).or_default();
+            e.calls += u.calls;
+            e.errors += u.errors;
+            e.retries += u.retries;
+            e.throttled += u.throttled;
+            e.cache_hits += u.cache_hits;
+            e.cache_misses += u.cache_misses;
+        }
+        all
     }
 
     /// Add another named backend.
@@ -78,7 +102,7 @@ pub(crate) enum DriverInput {
 
 struct SearchDone {
     batch: BatchId,
-    result: Result<Vec<Vec<Hit>>, SearchError>,
+    result: SearchResult,
     elapsed: Duration,
 }
 
@@ -111,7 +135,9 @@ pub async fn run(
     let metrics = Arc::new(Metrics::default());
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sim = Sim::new(config.limits.clone(), &config.episodes, backends.names());
+    let mut sim = Sim::new(config.limits.clone(), &config.episodes, backends.names());
+    let renders: Vec<_> = backends.list.iter().map(|(_, b)| b.render()).collect();
+    sim.configure_tools(&renders, backends.pages.is_some());
     let sim_thread = {
         let backends = backends.clone();
         let metrics = metrics.clone();
@@ -222,8 +248,11 @@ fn drive(
         metrics.steps.store(stats.steps, Ordering::Relaxed);
         metrics.forks.store(stats.forks, Ordering::Relaxed);
         metrics.searches.store(stats.searches, Ordering::Relaxed);
-        for reply in out.replies {
+        for mut reply in out.replies {
             count_errors(&reply.envelope.msg, metrics);
+            if let Response::Stats(s) = &mut reply.envelope.msg {
+                s.providers = backends.usage();
+            }
             if let Some(latency) = reply.latency {
                 metrics.step_latency.observe(latency);
             }
@@ -235,11 +264,20 @@ fn drive(
             }
         }
         for batch in out.searches {
-            let Some(backend) = backends.get(batch.backend).cloned() else { continue };
             let tx = search_tx.clone();
+            let n = batch.queries.len();
+            let work = match batch.tool {
+                Tool::Search => backends.get(batch.backend).map(|b| b.search_each(batch.queries, batch.topk as usize)),
+                Tool::Open => backends.pages.clone().map(|p| p.open_each(batch.queries)),
+            };
+            let Some(work) = work else {
+                let why = SearchError::Config("no such tool on this server".into());
+                let _ = tx.send(SearchDone { batch: batch.id, result: vec![Err(why); n], elapsed: Duration::ZERO });
+                continue;
+            };
             handle.spawn(async move {
                 let started = Instant::now();
-                let result = backend.search(batch.queries, batch.topk as usize).await;
+                let result = work.await;
                 let _ = tx.send(SearchDone { batch: batch.id, result, elapsed: started.elapsed() });
             });
         }
@@ -251,9 +289,8 @@ fn apply(wake: Wake, sim: &mut Sim, conns: &mut HashMap<ConnId, mpsc::Sender<Out
     match wake {
         Wake::Search(done) => {
             metrics.search_latency.observe(done.elapsed);
-            if done.result.is_err() {
-                metrics.search_errors.fetch_add(1, Ordering::Relaxed);
-            }
+            let failed = done.result.iter().filter(|r| r.is_err()).count();
+            metrics.search_errors.fetch_add(failed as u64, Ordering::Relaxed);
             sim.deliver_search(done.batch, done.result);
         }
         Wake::Input(DriverInput::Open { conn, tx }) => {
@@ -287,7 +324,13 @@ pub(crate) fn count_errors(msg: &Response, metrics: &Metrics) {
     match msg {
         Response::Error(e) => metrics.error(e.code),
         Response::EpisodesCreated(c) => each(&c.episodes, metrics),
-        Response::Stepped(s) => each(&s.results, metrics),
+        Response::Stepped(s) => {
+            each(&s.results, metrics);
+            // Failed tool calls reported inside observations count by their code too.
+            for e in s.results.iter().filter_map(|r| r.as_ref().ok()).filter_map(|o| o.error.as_ref()) {
+                metrics.error(e.code);
+            }
+        }
         Response::Forked(f) => each(&f.results, metrics),
         Response::Closed(c) => each(&c.results, metrics),
         _ => {}

@@ -204,7 +204,7 @@ impl LocalIndex {
                     .map(|(score, addr)| {
                         let d: TantivyDocument = searcher.doc(addr).map_err(|e| SearchError::Index(e.to_string()))?;
                         let text = |field| d.get_first(field).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-                        Ok(Hit { id: text(f.id), contents: text(f.contents), score })
+                        Ok(Hit::doc(text(f.id), text(f.contents), score))
                     })
                     .collect()
             })

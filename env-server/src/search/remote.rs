@@ -92,7 +92,7 @@ pub(crate) fn parse_reply(reply: &Value, expected: usize) -> Result<Vec<Vec<Hit>
                         Some(Value::Number(n)) => n.to_string(),
                         _ => String::new(),
                     };
-                    Ok(Hit { id, contents, score: score as f32 })
+                    Ok(Hit::doc(id, contents, score as f32))
                 })
                 .collect()
         })

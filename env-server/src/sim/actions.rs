@@ -15,16 +15,28 @@ pub struct Parsed {
 /// opening tag without its closing tag is skipped, as a regex would. No match is an invalid
 /// action.
 pub fn parse_text(text: &str) -> Parsed {
+    parse_text_with(text, false)
+}
+
+/// [`parse_text`], with `<open>…</open>` as a third tool where the environment offers it (web
+/// tasks). Where it does not, `<open>` is plain text, as it is to Search-R1.
+pub fn parse_text_with(text: &str, open: bool) -> Parsed {
+    const TAGS: [(&str, &str, ActionKind); 3] = [
+        ("<search>", "</search>", ActionKind::Search),
+        ("<answer>", "</answer>", ActionKind::Answer),
+        ("<open>", "</open>", ActionKind::Open),
+    ];
+    let tags = if open { &TAGS[..] } else { &TAGS[..2] };
     let mut from = 0;
     loop {
-        let next = [("<search>", "</search>", ActionKind::Search), ("<answer>", "</answer>", ActionKind::Answer)]
-            .into_iter()
-            .filter_map(|(open, close, kind)| text[from..].find(open).map(|at| (from + at, open, close, kind)))
+        let next = tags
+            .iter()
+            .filter_map(|(o, c, kind)| text[from..].find(o).map(|at| (from + at, *o, *c, *kind)))
             .min_by_key(|(at, ..)| *at);
-        let Some((at, open, close, kind)) = next else {
+        let Some((at, open_tag, close, kind)) = next else {
             return Parsed { kind: ActionKind::Invalid, content: String::new() };
         };
-        let inner_start = at + open.len();
+        let inner_start = at + open_tag.len();
         if let Some(end) = text[inner_start..].find(close) {
             return Parsed { kind, content: text[inner_start..inner_start + end].trim().to_string() };
         }
@@ -32,9 +44,10 @@ pub fn parse_text(text: &str) -> Parsed {
     }
 }
 
-/// A structured tool call: `search {query}` or `answer {answer}`. Returns the parsed action and
-/// its rendering in tag form, which is what the transcript records.
-pub fn parse_tool(call: &ToolCall) -> Result<(Parsed, String), ErrorInfo> {
+/// A structured tool call: `search {query}`, `answer {answer}`, or `open {url}` where the
+/// environment offers it. Returns the parsed action and its rendering in tag form, which is what
+/// the transcript records.
+pub fn parse_tool(call: &ToolCall, open: bool) -> Result<(Parsed, String), ErrorInfo> {
     let arg = |name: &str| -> Result<String, ErrorInfo> {
         match call.arguments.get(name) {
             Some(serde_json::Value::String(s)) => Ok(s.trim().to_string()),
@@ -47,14 +60,20 @@ pub fn parse_tool(call: &ToolCall) -> Result<(Parsed, String), ErrorInfo> {
     let (kind, content) = match call.name.as_str() {
         "search" => (ActionKind::Search, arg("query")?),
         "answer" => (ActionKind::Answer, arg("answer")?),
+        "open" if open => (ActionKind::Open, arg("url")?),
         other => {
+            let offered = if open { "`search`, `open` and `answer`" } else { "`search` and `answer`" };
             return Err(ErrorInfo::new(
                 ErrorCode::InvalidAction,
-                format!("unknown tool `{other}` (this environment offers `search` and `answer`)"),
+                format!("unknown tool `{other}` (this environment offers {offered})"),
             ));
         }
     };
-    let tag = if kind == ActionKind::Search { "search" } else { "answer" };
+    let tag = match kind {
+        ActionKind::Search => "search",
+        ActionKind::Open => "open",
+        _ => "answer",
+    };
     let text = format!("<{tag}> {content} </{tag}>");
     Ok((Parsed { kind, content }, text))
 }
@@ -90,14 +109,32 @@ mod tests {
             name: name.into(),
             arguments: [(k.to_string(), v)].into_iter().collect(),
         };
-        let (p, text) = parse_tool(&call("search", "query", " rivers ".into())).unwrap();
+        let (p, text) = parse_tool(&call("search", "query", " rivers ".into()), false).unwrap();
         assert_eq!(
             (p.kind, p.content.as_str(), text.as_str()),
             (ActionKind::Search, "rivers", "<search> rivers </search>")
         );
-        let (p, _) = parse_tool(&call("answer", "answer", 1788.into())).unwrap();
+        let (p, _) = parse_tool(&call("answer", "answer", 1788.into()), false).unwrap();
         assert_eq!(p.content, "1788");
-        assert_eq!(parse_tool(&call("open", "url", "x".into())).unwrap_err().code, ErrorCode::InvalidAction);
-        assert_eq!(parse_tool(&call("search", "q", "x".into())).unwrap_err().code, ErrorCode::InvalidAction);
+        assert_eq!(parse_tool(&call("open", "url", "x".into()), false).unwrap_err().code, ErrorCode::InvalidAction);
+        assert_eq!(parse_tool(&call("search", "q", "x".into()), false).unwrap_err().code, ErrorCode::InvalidAction);
+        let (p, text) = parse_tool(&call("open", "url", " https://a.example/x ".into()), true).unwrap();
+        assert_eq!(
+            (p.kind, p.content.as_str(), text.as_str()),
+            (ActionKind::Open, "https://a.example/x", "<open> https://a.example/x </open>")
+        );
+        assert_eq!(parse_tool(&call("open", "link", "x".into()), true).unwrap_err().code, ErrorCode::InvalidAction);
+    }
+
+    #[test]
+    fn open_tag_only_where_offered() {
+        let text = "<think>read it</think><open> https://en.wikipedia.org/wiki/Hamlet </open>";
+        assert_eq!(parse_text(text).kind, ActionKind::Invalid);
+        let p = parse_text_with(text, true);
+        assert_eq!((p.kind, p.content.as_str()), (ActionKind::Open, "https://en.wikipedia.org/wiki/Hamlet"));
+        // First tag wins across all three.
+        assert_eq!(parse_text_with("<search>q</search><open>u</open>", true).kind, ActionKind::Search);
+        assert_eq!(parse_text_with("<open>u</open><answer>a</answer>", true).kind, ActionKind::Open);
+        assert_eq!(parse_text_with("<open> unclosed <answer>a</answer>", true).kind, ActionKind::Answer);
     }
 }

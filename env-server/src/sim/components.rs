@@ -11,7 +11,8 @@ use grove_protocol::{Action, EpisodeId, ErrorInfo, Lineage, Observation, Request
 
 use super::transcript::Transcript;
 use crate::config::LimitsConfig;
-use crate::search::{Hit, SearchError};
+use crate::config::ToolErrors;
+use crate::search::{Hit, RenderFormat, SearchError};
 
 /// Identifies a client connection.
 pub type ConnId = u64;
@@ -91,7 +92,16 @@ pub struct AwaitingSearch {
     pub step: StepKey,
     pub slot: usize,
     pub action: String,
+    /// The query, or the URL of an `open`.
     pub query: String,
+    pub tool: Tool,
+}
+
+/// The tools that go out of the sim: a search at a backend, or a page fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tool {
+    Search,
+    Open,
 }
 
 /// Set on an episode whose last step ended it; the scoring system computes its reward.
@@ -131,6 +141,8 @@ pub struct Reply {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchBatch {
     pub id: BatchId,
+    pub tool: Tool,
+    /// For searches; page fetches ignore it.
     pub backend: usize,
     pub topk: u32,
     pub queries: Vec<String>,
@@ -140,12 +152,13 @@ pub struct SearchBatch {
 #[derive(Resource, Debug, Default)]
 pub struct SearchInbox(pub Vec<(BatchId, SearchResult)>);
 
-/// One result list per query of a batch, or the batch's failure.
-pub type SearchResult = Result<Vec<Vec<Hit>>, SearchError>;
+/// One outcome per query of a batch, in order: its result list, or why it failed. A page fetch
+/// yields one hit whose `contents` is the rendered page.
+pub type SearchResult = Vec<Result<Vec<Hit>, SearchError>>;
 
-/// Searches queued this tick, by (backend, topk).
+/// Searches (and page fetches) queued this tick, by (tool, backend, topk).
 #[derive(Resource, Debug, Default)]
-pub struct SearchQueue(pub HashMap<(usize, u32), Vec<(Entity, String)>>);
+pub struct SearchQueue(pub HashMap<(Tool, usize, u32), Vec<(Entity, String)>>);
 
 /// Batches out at backends: which episode each query belongs to.
 #[derive(Resource, Debug, Default)]
@@ -234,6 +247,12 @@ pub struct SimSettings {
     pub reward: RewardConfig,
     /// Backend names; episodes refer to them by index, 0 is the default.
     pub backends: Vec<String>,
+    /// How each backend's results are rendered, parallel to `backends`.
+    pub renders: Vec<RenderFormat>,
+    /// Whether `open` (page fetch) is a tool of this environment.
+    pub open: bool,
+    /// Whether a failed tool call becomes an observation or an error item.
+    pub tool_errors: ToolErrors,
     pub started: Instant,
 }
 

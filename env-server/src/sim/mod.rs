@@ -14,12 +14,12 @@ use bevy_ecs::prelude::*;
 use grove_protocol::{RequestId, ServerStats};
 
 pub use actions::{Parsed, parse_text, parse_tool};
-pub use components::{BatchId, ConnId, Reply, SearchBatch};
-pub use systems::{INVALID_ACTION_FEEDBACK, information, render_prompt};
+pub use components::{BatchId, ConnId, Reply, SearchBatch, SearchResult, Tool};
+pub use systems::{INVALID_ACTION_FEEDBACK, information, render_prompt, tool_failure};
 pub use transcript::{StepRecord, Transcript};
 
 use crate::config::{EpisodeDefaults, LimitsConfig};
-use crate::search::{Hit, SearchError};
+use crate::search::{RenderFormat, SearchError};
 use components::*;
 
 /// What one tick produced.
@@ -33,6 +33,8 @@ pub struct TickOutput {
 pub struct Sim {
     world: World,
     schedule: Schedule,
+    /// The episode defaults fix the rendering for every backend.
+    forced_render: bool,
 }
 
 impl std::fmt::Debug for Sim {
@@ -52,7 +54,10 @@ impl Sim {
             topk: defaults.topk,
             prompt_template: defaults.prompt_template.clone(),
             reward: defaults.reward.config(),
+            renders: vec![defaults.render.unwrap_or(RenderFormat::Docs); backends.len()],
             backends,
+            open: false,
+            tool_errors: defaults.tool_errors,
             started: now,
         });
         world.insert_resource(Now(now));
@@ -78,7 +83,7 @@ impl Sim {
             )
                 .chain(),
         );
-        Sim { world, schedule }
+        Sim { world, schedule, forced_render: defaults.render.is_some() }
     }
 
     /// Queue a request from a connection for the next tick.
@@ -91,9 +96,27 @@ impl Sim {
         self.world.resource_mut::<Inbox>().0.push(Incoming::Disconnected(conn));
     }
 
-    /// Results of a batch returned by [`Sim::tick`], one list per query in batch order.
-    pub fn deliver_search(&mut self, batch: BatchId, result: Result<Vec<Vec<Hit>>, SearchError>) {
+    /// Results of a batch returned by [`Sim::tick`], one outcome per query in batch order.
+    pub fn deliver_search(&mut self, batch: BatchId, result: SearchResult) {
         self.world.resource_mut::<Inbox>().0.push(Incoming::SearchDone { batch, result });
+    }
+
+    /// A batch that failed as a whole: every query of it gets `error`.
+    pub fn fail_search(&mut self, batch: BatchId, queries: usize, error: SearchError) {
+        self.deliver_search(batch, vec![Err(error); queries]);
+    }
+
+    /// How each backend's results are rendered (parallel to the backend names given to
+    /// [`Sim::new`]; the episode defaults' `render` overrides them), and whether `open` is a tool.
+    pub fn configure_tools(&mut self, renders: &[RenderFormat], open: bool) {
+        let mut settings = self.world.resource_mut::<SimSettings>();
+        let n = settings.backends.len();
+        let fixed = settings.renders.first().copied();
+        settings.renders = match self.forced_render {
+            true => vec![fixed.unwrap_or(RenderFormat::Docs); n],
+            false => (0..n).map(|i| renders.get(i).copied().unwrap_or(RenderFormat::Docs)).collect(),
+        };
+        settings.open = open;
     }
 
     /// Run the schedule once.
@@ -243,7 +266,7 @@ mod tests {
         // The close is answered, and the step whose episode vanished is answered with an error.
         let ids: Vec<u64> = out.replies.iter().map(|r| r.envelope.id).collect();
         assert!(ids.contains(&10) && ids.contains(&11), "{ids:?}");
-        s.deliver_search(out.searches.first().map_or(1, |b| b.id), Ok(vec![vec![]]));
+        s.deliver_search(out.searches.first().map_or(1, |b| b.id), vec![Ok(vec![])]);
         let out = s.tick(Instant::now());
         assert!(out.replies.is_empty());
         assert_eq!(s.steps_in_flight(), 0);

@@ -13,10 +13,11 @@ use bevy_ecs::prelude::*;
 use grove_datasets::metrics::{Scored, compute_reward};
 use grove_protocol::*;
 
-use super::actions::{parse_text, parse_tool};
+use super::actions::{parse_text_with, parse_tool};
 use super::components::*;
 use super::transcript::{StepRecord, Transcript};
-use crate::search::render_docs;
+use crate::config::ToolErrors;
+use crate::search::{RenderFormat, SearchError, render};
 
 /// The fixed message for an action that parses to nothing (Search-R1's corrective feedback).
 pub const INVALID_ACTION_FEEDBACK: &str = "\nMy previous action is invalid. If I want to search, I should put the \
@@ -414,6 +415,7 @@ pub fn stats(world: &World) -> ServerStats {
         searches: c.searches,
         connections: dir.per_conn.len() as u64,
         uptime_ms: now.saturating_duration_since(settings.started).as_millis() as u64,
+        providers: Default::default(),
     }
 }
 
@@ -461,8 +463,8 @@ pub fn resolve_actions(
         commands.entity(entity).remove::<PendingAction>();
         clock.touched = now.0;
         let parsed = match &pending.action {
-            Action::Text(t) => Ok((parse_text(t), t.clone())),
-            Action::Tool(call) => parse_tool(call),
+            Action::Text(t) => Ok((parse_text_with(t, settings.open), t.clone())),
+            Action::Tool(call) => parse_tool(call, settings.open),
         };
         let (parsed, action_text) = match parsed {
             Ok(p) => p,
@@ -472,7 +474,7 @@ pub fn resolve_actions(
             }
         };
         let forced_final = turns.used >= turns.max;
-        if !forced_final && parsed.kind == ActionKind::Search {
+        if !forced_final && matches!(parsed.kind, ActionKind::Search | ActionKind::Open) {
             let chars = parsed.content.chars().count();
             if chars > settings.limits.max_query_chars {
                 let msg = format!("query of {chars} characters; the limit is {}", settings.limits.max_query_chars);
@@ -483,13 +485,19 @@ pub fn resolve_actions(
                 );
                 continue;
             }
-            queue.0.entry((cfg.backend, cfg.topk)).or_default().push((entity, parsed.content.clone()));
+            let (tool, group) = if parsed.kind == ActionKind::Open {
+                (Tool::Open, (Tool::Open, 0, 0))
+            } else {
+                (Tool::Search, (Tool::Search, cfg.backend, cfg.topk))
+            };
+            queue.0.entry(group).or_default().push((entity, parsed.content.clone()));
             *phase = Phase::Searching;
             commands.entity(entity).insert(AwaitingSearch {
                 step: pending.step,
                 slot: pending.slot,
                 action: action_text,
                 query: parsed.content,
+                tool,
             });
             continue;
         }
@@ -536,6 +544,7 @@ fn record_step(
         forced_final,
         turns_left: turns.max.saturating_sub(turns.used),
         reward: None,
+        error: None,
     }
 }
 
@@ -543,12 +552,12 @@ fn record_step(
 pub fn dispatch_searches(mut queue: ResMut<SearchQueue>, mut batches: ResMut<Batches>, mut outbox: ResMut<Outbox>) {
     let mut groups: Vec<_> = queue.0.drain().collect();
     groups.sort_by_key(|(k, _)| *k);
-    for ((backend, topk), items) in groups {
+    for ((tool, backend, topk), items) in groups {
         batches.next += 1;
         let id = batches.next;
         let (entities, queries): (Vec<Entity>, Vec<String>) = items.into_iter().unzip();
         batches.open.insert(id, entities);
-        outbox.searches.push(SearchBatch { id, backend, topk, queries });
+        outbox.searches.push(SearchBatch { id, tool, backend, topk, queries });
     }
 }
 
@@ -556,8 +565,10 @@ pub fn dispatch_searches(mut queue: ResMut<SearchQueue>, mut batches: ResMut<Bat
 // apply search results
 
 type SearchedQuery<'a> =
-    (&'a EpisodeKey, &'a AwaitingSearch, &'a mut History, &'a mut Turns, &'a mut Phase, &'a mut Clock);
+    (&'a EpisodeKey, &'a AwaitingSearch, &'a mut History, &'a mut Turns, &'a mut Phase, &'a mut Clock, &'a Settings);
 
+// A bevy system: its parameters are what it reads and writes.
+#[allow(clippy::too_many_arguments)]
 pub fn apply_search_results(
     mut commands: Commands,
     mut inbox: ResMut<SearchInbox>,
@@ -565,53 +576,66 @@ pub fn apply_search_results(
     mut episodes: Query<SearchedQuery<'_>>,
     mut steps: ResMut<Steps>,
     mut counters: ResMut<Counters>,
+    settings: Res<SimSettings>,
     now: Res<Now>,
 ) {
-    for (batch, result) in inbox.0.drain(..) {
+    for (batch, mut outcomes) in inbox.0.drain(..) {
         let Some(entities) = batches.open.remove(&batch) else { continue };
         counters.searches += entities.len() as u64;
         for (i, entity) in entities.into_iter().enumerate() {
             // The episode may have been closed while its search was out.
-            let Ok((key, awaiting, mut history, mut turns, mut phase, mut clock)) = episodes.get_mut(entity) else {
+            let Ok((key, awaiting, mut history, mut turns, mut phase, mut clock, cfg)) = episodes.get_mut(entity)
+            else {
                 continue;
             };
             commands.entity(entity).remove::<AwaitingSearch>();
             *phase = Phase::Active;
             clock.touched = now.0;
-            let hits = match &result {
-                Ok(per_query) => per_query.get(i),
-                Err(_) => None,
+            let outcome = match outcomes.get_mut(i) {
+                Some(o) => std::mem::replace(o, Ok(Vec::new())),
+                None => Err(SearchError::BadReply("the backend returned fewer results than queries".into())),
             };
-            let Some(hits) = hits else {
-                // The step did not happen: the episode is as before, and the client may retry.
-                counters.search_errors += 1;
-                let why = match &result {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "the backend returned fewer result lists than queries".to_string(),
-                };
-                steps.fill(
-                    awaiting.step,
-                    awaiting.slot,
-                    Err(ErrorInfo::for_episode(ErrorCode::BackendError, key.0, why)),
-                );
-                continue;
+            let kind = if awaiting.tool == Tool::Open { ActionKind::Open } else { ActionKind::Search };
+            let (observation, error) = match outcome {
+                Ok(hits) if awaiting.tool == Tool::Open => {
+                    (information(hits.first().map_or("", |h| h.contents.as_str())), None)
+                }
+                Ok(hits) => {
+                    let format = settings.renders.get(cfg.backend).copied().unwrap_or(RenderFormat::Docs);
+                    (information(&render(format, &hits)), None)
+                }
+                Err(e) => {
+                    counters.search_errors += 1;
+                    let info = ErrorInfo::for_episode(e.code(), key.0, e.to_string());
+                    if settings.tool_errors == ToolErrors::Error {
+                        // The step did not happen: the episode is as before, and the client may retry.
+                        steps.fill(awaiting.step, awaiting.slot, Err(info));
+                        continue;
+                    }
+                    (information(&tool_failure(awaiting.tool, &awaiting.query, &e)), Some(info))
+                }
             };
-            let obs = record_step(
+            let mut obs = record_step(
                 &mut history,
                 &mut turns,
-                StepRecord {
-                    action: awaiting.action.clone(),
-                    kind: ActionKind::Search,
-                    content: awaiting.query.clone(),
-                    observation: information(&render_docs(hits)),
-                },
+                StepRecord { action: awaiting.action.clone(), kind, content: awaiting.query.clone(), observation },
                 key.0,
                 false,
                 false,
             );
+            obs.error = error;
             counters.steps += 1;
             steps.fill(awaiting.step, awaiting.slot, Ok(obs));
         }
+    }
+}
+
+/// What the model reads when its tool call failed: the reference's `Search failed for query: …`
+/// with the short reason.
+pub fn tool_failure(tool: Tool, query: &str, e: &SearchError) -> String {
+    match tool {
+        Tool::Search => format!("Search failed for query: {query} ({})", e.short()),
+        Tool::Open => format!("Could not open {query} ({})", e.short()),
     }
 }
 

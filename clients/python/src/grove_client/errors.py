@@ -21,6 +21,9 @@ ERROR_NUMBERS = {
     "too_many_connections": 303,
     "unknown_backend": 400,
     "backend_error": 401,
+    "backend_timeout": 402,
+    "replay_miss": 403,
+    "url_rejected": 404,
     "shutting_down": 500,
     "internal": 501,
 }

@@ -1,0 +1,280 @@
+//! A scripted HTTP server on loopback, for tests that stand in for services we cannot reach
+//! (web-search providers, web pages, remote retrievers). A handler closure sees each request and
+//! returns the canned reply; every request is recorded with its arrival time, so tests can count
+//! provider calls and measure the spacing between them.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// Path and query string, e.g. `/search?q=x&format=json`.
+    pub target: String,
+    /// Header names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub at: Instant,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// A query-string parameter, percent-decoded.
+    pub fn query_param(&self, name: &str) -> Option<String> {
+        let url = url::Url::parse(&format!("http://x{}", self.target)).ok()?;
+        url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
+    }
+}
+
+/// The reply to one request.
+#[derive(Debug, Clone)]
+pub struct Canned {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Wait this long before answering (a slow or hanging service).
+    pub delay: Duration,
+}
+
+impl Canned {
+    pub fn json(value: &serde_json::Value) -> Canned {
+        Canned::status(200, value.to_string()).header("content-type", "application/json")
+    }
+
+    pub fn html(body: impl Into<String>) -> Canned {
+        Canned::status(200, body.into()).header("content-type", "text/html; charset=utf-8")
+    }
+
+    pub fn status(status: u16, body: impl Into<Vec<u8>>) -> Canned {
+        Canned { status, headers: Vec::new(), body: body.into(), delay: Duration::ZERO }
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Canned {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn delayed(mut self, delay: Duration) -> Canned {
+        self.delay = delay;
+        self
+    }
+}
+
+type Handler = dyn Fn(&Recorded) -> Canned + Send + Sync;
+
+/// The server; it stops when dropped.
+#[derive(Debug)]
+pub struct ScriptedServer {
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<Recorded>>>,
+    _stop: watch::Sender<bool>,
+}
+
+impl ScriptedServer {
+    /// Bind `127.0.0.1:0` and serve with `handler`. Needs a tokio runtime.
+    pub async fn start(handler: impl Fn(&Recorded) -> Canned + Send + Sync + 'static) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let server_log = log.clone();
+        tokio::spawn(async move {
+            let mut stop = stop_rx;
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.changed() => break,
+                    a = listener.accept() => a,
+                };
+                let Ok((stream, _)) = accepted else { continue };
+                let (log, handler) = (server_log.clone(), handler.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| answer(req, log.clone(), handler.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Self { addr, log, _stop: stop_tx })
+    }
+
+    /// `http://127.0.0.1:<port>`, without a trailing slash.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    pub fn count(&self) -> usize {
+        self.log.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}
+
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+    log: Arc<Mutex<Vec<Recorded>>>,
+    handler: Arc<Handler>,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let at = Instant::now();
+    let method = req.method().to_string();
+    let target = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_else(|| "/".into());
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str().to_ascii_lowercase(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = req.into_body().collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+    let recorded = Recorded { method, target, headers, body, at };
+    if let Ok(mut l) = log.lock() {
+        l.push(recorded.clone());
+    }
+    let canned = handler(&recorded);
+    if !canned.delay.is_zero() {
+        tokio::time::sleep(canned.delay).await;
+    }
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(canned.body)));
+    *resp.status_mut() = hyper::StatusCode::from_u16(canned.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    for (n, v) in canned.headers {
+        if let (Ok(n), Ok(v)) =
+            (hyper::header::HeaderName::from_bytes(n.as_bytes()), hyper::header::HeaderValue::from_str(&v))
+        {
+            resp.headers_mut().append(n, v);
+        }
+    }
+    Ok(resp)
+}
+
+/// A real `redis-server` on a free loopback port, for the Redis cache tests; killed on drop.
+/// The binary is `$GROVE_REDIS_SERVER` or `redis-server` on `PATH` (`cargo xtask test` installs
+/// it). Nothing is persisted: `--save "" --appendonly no`, working directory in a temp dir.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Start one and wait (up to 10 s) until it answers `PING`. A missing binary is an error
+    /// that says to install redis-server.
+    pub fn start() -> std::io::Result<RedisServer> {
+        let bin = std::env::var("GROVE_REDIS_SERVER").ok().filter(|b| !b.is_empty());
+        let bin = bin.unwrap_or_else(|| "redis-server".to_string());
+        let mut last_err = None;
+        // A port picked free can be taken before redis binds it: retry with another.
+        for _ in 0..3 {
+            match Self::try_start(&bin) {
+                Ok(server) => return Ok(server),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
+    }
+
+    fn try_start(bin: &str) -> std::io::Result<RedisServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("redis.log");
+        let child = std::process::Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "`{bin}` not found: install redis-server (apt-get install redis-server; \
+                             `cargo xtask test` installs it) or point GROVE_REDIS_SERVER at the binary"
+                        ),
+                    )
+                } else {
+                    std::io::Error::new(e.kind(), format!("starting `{bin}`: {e}"))
+                }
+            })?;
+        // From here on, drop kills the process on every error path.
+        let mut server = RedisServer { child, port, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if server.answers_ping() {
+                return Ok(server);
+            }
+            let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = server.child.try_wait()? {
+                return Err(std::io::Error::other(format!(
+                    "redis-server on port {port} exited ({status}); log:\n{}",
+                    log_text()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("redis-server on port {port} did not answer PING within 10 s; log:\n{}", log_text()),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn answers_ping(&self) -> bool {
+        use std::io::{Read, Write};
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 7];
+        s.read_exact(&mut buf).is_ok() && buf == *b"+PONG\r\n"
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
