@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use grove_env_server::backends::web_backends;
+use grove_env_server::backends::{remote_backends, web_backends};
 use grove_env_server::config::{BackendKind, CacheMode, CacheStoreKind, Provider, ServerConfig};
 use grove_env_server::run;
 use grove_env_server::testkit::{Canned, Recorded, RedisServer, ScriptedServer};
@@ -63,7 +63,10 @@ struct Server {
 
 impl Server {
     async fn start(config: ServerConfig) -> Server {
-        let backends = web_backends(&config).await.unwrap();
+        let backends = match config.backend {
+            BackendKind::Remote => remote_backends(&config).await.unwrap(),
+            _ => web_backends(&config).await.unwrap(),
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -367,4 +370,82 @@ async fn cached_results_survive_kill_9() {
     assert_eq!(provider.count(), 25, "every result came from the cache");
     child.kill().unwrap();
     child.wait().unwrap();
+
+    // `env-server cache export` names the cache with the same flags as `serve`.
+    let out = dir.path().join("cache.jsonl");
+    let status = Command::new(env!("CARGO_BIN_EXE_env-server"))
+        .args(["cache", "export", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lines = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(lines.lines().count(), 25);
+    assert!(lines.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["provider"] == "serper"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_results_can_be_rendered_as_documents() {
+    let provider = serper().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = web_config(&provider, &dir.path().join("cache.sqlite3"));
+    config.episodes.render = Some(grove_env_server::config::RenderFormat::Docs);
+    let server = Server::start(config).await;
+    let c = server.client().await;
+    let e = episode(&c).await;
+    let obs = c.step_text(e, "<search> Ophelia </search>").await.unwrap();
+    assert_eq!(
+        obs.text,
+        "\n\n<information>Doc 1(Title: \"Ophelia - Wikipedia\") Ophelia is the first fact.\n\
+         Doc 2(Title: \"All about Ophelia\") A second page on Ophelia.</information>\n\n"
+    );
+    drop(c);
+    server.stop().await;
+}
+
+/// The remote Search-R1 retriever is a provider like the others: behind the cache when
+/// `remote.cache` is set, keyed by its URL, the query and top-k.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_retriever_behind_the_cache() {
+    let retriever = ScriptedServer::start(|req: &Recorded| {
+        let body = req.json();
+        let lists: Vec<serde_json::Value> = body["queries"]
+            .as_array()
+            .map(|qs| {
+                qs.iter()
+                    .map(|q| {
+                        let q = q.as_str().unwrap_or_default();
+                        serde_json::json!([{"document": {"id": "7", "contents": format!("\"{q}\"\nAbout {q}.")}, "score": 1.5}])
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Canned::json(&serde_json::json!({ "result": lists }))
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig { backend: BackendKind::Remote, ..Default::default() };
+    config.remote_url = Some(format!("{}/retrieve", retriever.url()));
+    config.remote.cache = true;
+    config.cache.path = Some(dir.path().join("cache.sqlite3"));
+    let server = Server::start(config).await;
+    let c = server.client().await;
+    let first = c.step_text(episode(&c).await, "<search> Elsinore </search>").await.unwrap();
+    assert_eq!(first.text, "\n\n<information>Doc 1(Title: \"Elsinore\") About Elsinore.</information>\n\n");
+    let again = c.step_text(episode(&c).await, "<search> elsinore </search>").await.unwrap();
+    assert_eq!(again.text, first.text);
+    assert_eq!(retriever.count(), 1, "the second search is a cache hit");
+    // Another top-k is another request.
+    let opts = grove_protocol::EpisodeOptions { topk: Some(5), ..Default::default() };
+    let e = c.create_episodes(vec![task()], opts).await.unwrap()[0].clone().unwrap().episode;
+    c.step_text(e, "<search> Elsinore </search>").await.unwrap();
+    assert_eq!(retriever.count(), 2);
+    let remote = c.stats().await.unwrap().providers["remote"];
+    assert_eq!((remote.cache_hits, remote.cache_misses), (1, 2));
+    drop(c);
+    server.stop().await;
 }

@@ -555,7 +555,7 @@ impl Inner {
         let resp = self.request(query).send().await.map_err(|e| Failure::Retry(unreachable(e), None))?;
         let status = resp.status();
         let retry_after = retry_after(resp.headers());
-        let body = resp.bytes().await.map_err(|e| Failure::Retry(unreachable(e), None))?;
+        let body = read_capped(resp).await?;
         let code = status.as_u16();
         if code == 429 || status.is_server_error() {
             return Err(Failure::Retry(SearchError::Status { status: code, body: excerpt(&body) }, retry_after));
@@ -674,6 +674,22 @@ fn unreachable(e: reqwest::Error) -> SearchError {
 }
 
 /// `Retry-After` in delta-seconds; an HTTP date gives `None` (the default backoff applies).
+/// Replies larger than this are refused: a search reply is a few kilobytes.
+const MAX_REPLY_BYTES: usize = 8 << 20;
+
+/// The body of a reply, read chunk by chunk up to [`MAX_REPLY_BYTES`].
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| Failure::Retry(unreachable(e), None))? {
+        if body.len() + chunk.len() > MAX_REPLY_BYTES {
+            let why = format!("reply larger than {MAX_REPLY_BYTES} bytes");
+            return Err(Failure::Final(SearchError::BadReply(why)));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
     let secs: f64 = value.parse().ok()?;
