@@ -148,3 +148,21 @@ fn parquet_rows_missing_columns_are_reported_by_row() {
     assert!(skipped.items.is_empty());
     assert_eq!(skipped.bad_rows.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2]);
 }
+
+/// Found by the `qa_loaders` fuzz target: one byte of the fixture's footer changed from a thrift
+/// "bool true" field header (0x11) to a "byte" one (0x13) made parquet 57.3 panic (an unwrap in
+/// its thrift decoder) instead of returning an error. A corrupt file is a typed error.
+#[test]
+fn corrupt_parquet_footer_is_an_error_not_a_panic() {
+    let mut bytes = std::fs::read(fixture("searchr1-sample.parquet")).unwrap();
+    assert_eq!(bytes[5890], 0x11, "the fixture changed; find the statistics bool field again");
+    bytes[5890] = 0x13;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("corrupt.parquet");
+    std::fs::write(&path, &bytes).unwrap();
+    for on_bad in [OnBadRow::Fail, OnBadRow::Skip] {
+        let err = load_searchr1_parquet(&path, on_bad).unwrap_err();
+        assert!(matches!(err, DatasetError::Format { .. }), "{err}");
+        assert!(err.to_string().contains("corrupt.parquet"), "{err}");
+    }
+}

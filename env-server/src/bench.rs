@@ -1,6 +1,8 @@
 //! `env-server bench`: start a server in-process on loopback over a corpus, drive it with real
-//! WebSocket clients, and print one table. Each figure is measured in this run; fork cost is
-//! measured at depth 1 and depth 50 side by side so their ratio shows depth (in)dependence.
+//! WebSocket clients, and print one table (or JSON lines with `--json`, for `cargo xtask bench`).
+//! Each figure is measured in this run; fork cost is measured at depth 1 and depth 50 side by side
+//! so their ratio shows depth (in)dependence, and the same searches go through HTTP
+//! `POST /retrieve` (the Search-R1 dialect, one query per request) as a baseline for the steps.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,22 +27,47 @@ pub struct BenchArgs {
     /// Size factor of the synthetic world (236 passages per unit).
     #[arg(long, default_value_t = 40)]
     scale: usize,
-    /// Concurrent episodes stepping at once.
+    /// Concurrent episodes stepping at once (and concurrent HTTP `/retrieve` requests in the
+    /// baseline).
     #[arg(long, default_value_t = 256)]
     episodes: usize,
     /// WebSocket connections the episodes are spread over.
     #[arg(long, default_value_t = 8)]
     connections: usize,
-    /// Seconds of each stepping phase.
+    /// Seconds of each stepping phase (saturated, paced, and the HTTP baseline).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Seconds of each BM25-alone measurement.
+    #[arg(long, default_value_t = 2.0)]
+    bm25_seconds: f64,
     /// Offered load of the paced phase, in steps/s over all episodes (a trainer's episodes
     /// think between steps; latency is measured at this load).
     #[arg(long, default_value_t = 5_000.0)]
     rate: f64,
+    /// Skip the HTTP `POST /retrieve` baseline.
+    #[arg(long)]
+    no_http: bool,
+    /// Print the rows as JSON lines (`{"figure", "value", "unit", "note"}`) instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
-struct Row(&'static str, String, &'static str);
+/// One figure of the report: what, its value (formatted), its unit, and a baseline or note.
+struct Row {
+    figure: String,
+    value: String,
+    unit: &'static str,
+    note: String,
+}
+
+fn row(figure: impl Into<String>, value: impl Into<String>, unit: &'static str, note: impl Into<String>) -> Row {
+    Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
+}
+
+/// Latency percentile of a sorted sample, in milliseconds.
+fn pct_ms(sorted: &[Duration], p: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 - 1.0) * p) as usize).copied().unwrap_or_default().as_secs_f64() * 1e3
+}
 
 pub async fn run_bench(args: BenchArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -60,11 +87,18 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     };
     let queries = bench_queries(&corpus, 2_000)?;
     let mut rows = Vec::new();
-    eprintln!("corpus: {label}, {} documents", index.num_docs());
+    let corpus_note = format!("{label}, {} documents", index.num_docs());
+    eprintln!("corpus: {corpus_note}");
+    let window = Duration::from_secs_f64(args.bm25_seconds.max(0.1));
 
     // 1. The backend alone, on one thread.
-    let bm25_qps = bm25_queries_per_s(&index, &queries)?;
-    rows.push(Row("BM25 queries/s (backend alone, 1 thread, top-3)", format!("{bm25_qps:.0}"), ""));
+    let bm25_qps = bm25_queries_per_s(&index, &queries, window)?;
+    rows.push(row(
+        "BM25 queries/s, backend alone (1 thread, top-3)",
+        format!("{bm25_qps:.0}"),
+        "queries/s",
+        corpus_note,
+    ));
     // The mini-Wikipedia corpus of `cargo xtask assets`, when it is there.
     let wiki = grove_datasets::assets::wiki_summaries_corpus();
     if wiki.exists() && args.corpus.is_none() {
@@ -72,8 +106,15 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
             let (c, i) = (wiki.clone(), dir.path().join("wiki-index"));
             tokio::task::spawn_blocking(move || crate::open_local_index(&c, Some(&i))).await??
         };
-        let qps = bm25_queries_per_s(&wiki_index, &bench_queries(&wiki, 2_000)?)?;
-        rows.push(Row("BM25 queries/s, mini-Wikipedia (1 thread, top-3)", format!("{qps:.0}"), "10,033 passages"));
+        let qps = bm25_queries_per_s(&wiki_index, &bench_queries(&wiki, 2_000)?, window)?;
+        rows.push(row(
+            "BM25 queries/s, mini-Wikipedia (1 thread, top-3)",
+            format!("{qps:.0}"),
+            "queries/s",
+            format!("{} passages", wiki_index.num_docs()),
+        ));
+    } else {
+        rows.push(row("BM25 queries/s, mini-Wikipedia", "-", "", "assets missing (cargo xtask assets)"));
     }
 
     // 2. Search steps over WebSocket.
@@ -82,6 +123,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     let mut config = ServerConfig::default();
     config.limits.max_turns = 1_000;
     config.limits.max_in_flight_per_connection = 4_096;
+    let topk = config.episodes.topk;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run(listener, config, Backends::new("local", Arc::new(index.clone())), async {
         let _ = stop_rx.await;
@@ -91,75 +133,127 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     for _ in 0..args.connections.max(1) {
         clients.push(Arc::new(Client::connect(&url, ClientOptions::default()).await?));
     }
-    let (steps, _, wall) = step_phase(&clients, &queries, args.episodes, args.seconds, None).await?;
+    let (steps, mut lat, wall) = step_phase(&clients, &queries, args.episodes, args.seconds, None).await?;
+    lat.sort_unstable();
     let steps_per_s = steps as f64 / wall;
-    rows.push(Row(
-        "search steps/s over WebSocket, saturated",
-        format!("{steps_per_s:.0}"),
-        "closed loop, no think time",
+    let setting = format!("{} episodes over {} connections, closed loop", args.episodes, args.connections);
+    rows.push(row("search steps/s over WebSocket, saturated", format!("{steps_per_s:.0}"), "steps/s", setting));
+    rows.push(row(
+        "  step latency p50 / p99, saturated",
+        format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
+        "ms",
+        "queueing included",
     ));
-    rows.push(Row("  concurrent episodes / connections", format!("{} / {}", args.episodes, args.connections), ""));
-    rows.push(Row("  steps/s vs backend alone", format!("{:.2}x", steps_per_s / bm25_qps), "server overhead ratio"));
+    rows.push(row(
+        "  steps/s vs BM25 backend alone",
+        format!("{:.2}x", steps_per_s / bm25_qps),
+        "ratio",
+        "server over 1-thread backend",
+    ));
     let (steps, mut lat, wall) = step_phase(&clients, &queries, args.episodes, args.seconds, Some(args.rate)).await?;
     lat.sort_unstable();
-    let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or_default();
-    rows.push(Row("search steps/s at offered load", format!("{:.0}", steps as f64 / wall), "paced by --rate"));
-    rows.push(Row("  offered load (steps/s)", format!("{:.0}", args.rate), ""));
-    rows.push(Row("  step latency p50 (ms)", format!("{:.2}", pct(0.5).as_secs_f64() * 1e3), ""));
-    rows.push(Row("  step latency p99 (ms)", format!("{:.2}", pct(0.99).as_secs_f64() * 1e3), "target < 10"));
+    rows.push(row(
+        "search steps/s over WebSocket, paced",
+        format!("{:.0}", steps as f64 / wall),
+        "steps/s",
+        format!("offered {:.0} steps/s by {} episodes", args.rate, args.episodes),
+    ));
+    rows.push(row(
+        "  step latency p50 / p99, paced",
+        format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
+        "ms",
+        "target p99 < 10",
+    ));
 
-    // 3. Forks over the wire, at depth 1 and 50.
+    // 3. Baseline: the same searches as Search-R1 `POST /retrieve`, one query per request.
+    if !args.no_http {
+        let retrieve = format!("http://{addr}/retrieve");
+        let (n, mut lat, wall) = http_phase(&retrieve, &queries, args.episodes, args.seconds, topk).await?;
+        lat.sort_unstable();
+        let http_per_s = n as f64 / wall;
+        rows.push(row(
+            "HTTP POST /retrieve/s, saturated (baseline)",
+            format!("{http_per_s:.0}"),
+            "requests/s",
+            format!("{} in flight on keep-alive connections, 1 query each, top-{topk}", args.episodes),
+        ));
+        rows.push(row(
+            "  request latency p50 / p99, saturated",
+            format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
+            "ms",
+            "",
+        ));
+        rows.push(row(
+            "  WebSocket steps/s vs HTTP /retrieve/s",
+            format!("{:.2}x", steps_per_s / http_per_s),
+            "ratio",
+            "same searches, same concurrency",
+        ));
+    }
+
+    // 4. Forks over the wire, at depth 1 and 50.
     for depth in [1u32, 50] {
         let (forks_per_s, _) = wire_forks(&clients[0], depth).await?;
-        rows.push(Row(
-            if depth == 1 { "forks/s over WebSocket, depth 1" } else { "forks/s over WebSocket, depth 50" },
+        rows.push(row(
+            format!("forks/s over WebSocket, depth {depth}"),
             format!("{forks_per_s:.0}"),
-            "",
+            "forks/s",
+            "16 per request",
         ));
     }
     drop(clients);
     let _ = stop_tx.send(());
     server.await??;
 
-    // 4. Forks in-process, and the memory each fork allocates, at depth 1 and 50.
+    // 5. Forks in-process, and the memory each fork allocates, at depth 1 and 50.
     let mut per_depth = Vec::new();
     for depth in [1u32, 50] {
         let (forks_per_s, bytes) = in_process_forks(depth);
         per_depth.push((forks_per_s, bytes));
-        rows.push(Row(
-            if depth == 1 { "forks/s in-process, depth 1" } else { "forks/s in-process, depth 50" },
-            format!("{forks_per_s:.0}"),
-            "",
+        rows.push(row(
+            format!("fork cost in-process, depth {depth}"),
+            format!("{:.0}", 1e9 / forks_per_s),
+            "ns/fork",
+            format!("{forks_per_s:.0} forks/s, best of 3 x 4,000"),
         ));
-        rows.push(Row(
-            if depth == 1 {
-                "heap bytes per forked episode, depth 1"
-            } else {
-                "heap bytes per forked episode, depth 50"
-            },
+        rows.push(row(
+            format!("heap bytes per forked episode, depth {depth}"),
             format!("{bytes:.0}"),
-            "",
+            "bytes",
+            "amortised over 50,000 forks",
         ));
     }
-    rows.push(Row(
+    rows.push(row(
         "fork cost depth 50 / depth 1 (time, bytes)",
         format!("{:.2}x, {:.2}x", per_depth[0].0 / per_depth[1].0, per_depth[1].1 / per_depth[0].1),
+        "ratio",
         "1.0 = independent of depth",
     ));
 
-    println!("\n{:<52} {:>14}  note", "env-server bench", "value");
-    println!("{}", "-".repeat(90));
-    for Row(name, value, note) in rows {
-        println!("{name:<52} {value:>14}  {note}");
+    if args.json {
+        for r in rows {
+            let line = serde_json::json!({ "figure": r.figure, "value": r.value, "unit": r.unit, "note": r.note });
+            println!("{line}");
+        }
+    } else {
+        println!("\n{:<52} {:>16} {:<11} note", "env-server bench", "value", "unit");
+        println!("{}", "-".repeat(110));
+        for r in rows {
+            println!("{:<52} {:>16} {:<11} {}", r.figure, r.value, r.unit, r.note);
+        }
     }
     Ok(())
 }
 
-/// Top-3 BM25 queries per second on the calling thread, over two seconds.
-fn bm25_queries_per_s(index: &grove_env_server::search::LocalIndex, queries: &[String]) -> Result<f64> {
+/// Top-3 BM25 queries per second on the calling thread, over `window`.
+fn bm25_queries_per_s(
+    index: &grove_env_server::search::LocalIndex,
+    queries: &[String],
+    window: Duration,
+) -> Result<f64> {
     let t = Instant::now();
     let mut n = 0;
-    while t.elapsed() < Duration::from_secs(2) {
+    while t.elapsed() < window {
         for chunk in queries.chunks(64) {
             index.search_blocking(chunk, 3).context("bm25")?;
             n += chunk.len();
@@ -228,6 +322,57 @@ async fn step_phase(
                 lat.push(t.elapsed());
                 if obs.kind != ActionKind::Search || obs.text.is_empty() {
                     bail!("unexpected observation {obs:?}");
+                }
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    Ok((all.len(), all, wall))
+}
+
+/// The Search-R1 baseline: `concurrency` loops, each posting one query per `POST /retrieve` as
+/// fast as replies come, over a shared pool of keep-alive connections (HTTP/1.1: one request in
+/// flight per connection, so the pool grows to `concurrency` connections).
+async fn http_phase(
+    url: &str,
+    queries: &[String],
+    concurrency: usize,
+    seconds: f64,
+    topk: u32,
+) -> Result<(usize, Vec<Duration>, f64)> {
+    grove_env_server::install_tls_provider();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .context("http client")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let queries = Arc::new(queries.to_vec());
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for e in 0..concurrency {
+        let (http, stop, queries, url) = (http.clone(), stop.clone(), queries.clone(), url.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = e;
+            while !stop.load(Ordering::Relaxed) {
+                let q = &queries[i % queries.len()];
+                i += concurrency;
+                let t = Instant::now();
+                let body = serde_json::json!({ "query": q, "topk": topk, "return_scores": false });
+                let reply = http.post(&url).json(&body).send().await?.error_for_status()?;
+                let v: serde_json::Value = serde_json::from_slice(&reply.bytes().await?)?;
+                lat.push(t.elapsed());
+                if v["result"][0].as_array().is_none_or(Vec::is_empty) {
+                    bail!("unexpected /retrieve reply {v}");
                 }
             }
             Ok::<_, anyhow::Error>(lat)

@@ -110,6 +110,10 @@ pub struct LimitsConfig {
     pub connection_idle_secs: u64,
     /// Documents in one HTTP `/retrieve` request.
     pub max_retrieve_queries: usize,
+    /// An HTTP request head (the WebSocket upgrade included) must arrive in full within this
+    /// long of the connection opening or of the previous response; otherwise the connection is
+    /// closed (slowloris, and TCP connections that never send anything).
+    pub http_header_timeout_secs: u64,
 }
 
 impl Default for LimitsConfig {
@@ -130,6 +134,7 @@ impl Default for LimitsConfig {
             max_episode_age_secs: 24 * 3600,
             connection_idle_secs: 900,
             max_retrieve_queries: 4_096,
+            http_header_timeout_secs: 30,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `env-server`: serve episodes over WebSocket + HTTP, or benchmark the server on loopback.
 
 mod bench;
+mod soak;
 
 /// Live heap bytes, counted by a wrapper around the system allocator (the bench measures what a
 /// fork allocates with it).
@@ -73,6 +74,9 @@ enum Command {
     Serve(ServeArgs),
     /// Start a server in-process on loopback and measure it with real WebSocket clients.
     Bench(bench::BenchArgs),
+    /// Start a server process and keep ~1,000 episodes stepping and forking on it for N minutes,
+    /// printing its RSS and step latency over time; fails if RSS grows after warm-up.
+    Soak(soak::SoakArgs),
     /// Export or import the persistent web cache as JSONL (one entry per line).
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -153,6 +157,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run_bench(args)),
+        Command::Soak(args) => runtime.block_on(soak::run_soak(args)),
         Command::Cache(cmd) => runtime.block_on(cache_command(cmd)),
     }
 }

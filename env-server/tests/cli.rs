@@ -84,3 +84,79 @@ async fn serve_from_the_command_line_until_sigint() {
     };
     assert!(exit.success(), "{exit:?}");
 }
+
+/// With a token configured, the binary refuses missing and wrong tokens on the WebSocket upgrade
+/// and on HTTP; neither the token, nor a wrong one a client tried, nor the web provider's API key
+/// appears anywhere in its logs, even at `RUST_LOG=trace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_keys_never_reach_the_logs() {
+    use grove_env_server::testkit::{Canned, ScriptedServer};
+    grove_env_server::install_tls_provider();
+    const TOKEN: &str = "tok-7f3a9c1e-never-log-me";
+    const WRONG: &str = "wrong-5b2d8e-guess";
+    const KEY: &str = "key-0d4c6a-provider-secret";
+    let provider = ScriptedServer::start(|_| {
+        Canned::json(
+            &serde_json::json!({"organic_results": [{"title": "T", "link": "https://a.example/", "snippet": "S"}]}),
+        )
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "backend = \"web\"\ntoken_env = \"GROVE_TEST_TOKEN\"\n[web]\nprovider = \"serpapi\"\n\
+             endpoint = \"{}/search.json\"\napi_key_env = \"GROVE_TEST_KEY\"\n[cache]\npath = \"{}\"\n",
+            provider.url(),
+            dir.path().join("cache.sqlite3").display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("server.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_env-server"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--bind", &format!("127.0.0.1:{port}")])
+        .env("GROVE_TEST_TOKEN", TOKEN)
+        .env("GROVE_TEST_KEY", KEY)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let url = format!("ws://127.0.0.1:{port}/");
+    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None };
+    let mut up = false;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "server came up");
+    assert!(Client::connect(&url, ClientOptions::default()).await.is_err(), "no token");
+    assert!(Client::connect(&url, with(WRONG)).await.is_err(), "wrong token");
+    let http = reqwest::Client::new();
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    assert_eq!(http.get(&metrics).send().await.unwrap().status().as_u16(), 401);
+    assert_eq!(http.get(&metrics).bearer_auth(WRONG).send().await.unwrap().status().as_u16(), 401);
+    assert_eq!(http.get(&metrics).bearer_auth(TOKEN).send().await.unwrap().status().as_u16(), 200);
+    let c = Client::connect(&url, with(TOKEN)).await.unwrap();
+    let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
+    let obs = c.step_text(ep.episode, "<search> anything </search>").await.unwrap();
+    assert!(obs.text.contains("Page 1: S"), "{}", obs.text);
+    assert_eq!(provider.requests()[0].query_param("api_key").as_deref(), Some(KEY), "the key was used");
+    drop(c);
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.lines().count() > 10, "trace logging was on:\n{text}");
+    for secret in [TOKEN, WRONG, KEY] {
+        assert!(!text.contains(secret), "{secret} appears in the log");
+    }
+}

@@ -225,3 +225,58 @@ fn index_is_built_once_and_rebuilt_when_the_corpus_changes() {
     let err = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("c.jsonl:2"), "{err}");
 }
+
+/// A remote backend that hangs never stalls the tick loop: while searches wait at the hanging
+/// backend (every one of them until its deadline), episodes on the local backend step, fork and
+/// finish as usual, and the waiting steps end with `backend_timeout` observations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_backend_does_not_stall_the_others() {
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hang.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hang.accept().await {
+            held.push(s);
+        }
+    });
+    let cfg = RemoteConfig { deadline_ms: 6_000, retries: 0, backoff_ms: 5, ..Default::default() };
+    let remote = RemoteRetriever::new(format!("http://{addr}/retrieve"), cfg).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let index =
+        LocalIndex::open_or_build(&fixture("wiki18-sample.jsonl"), Some(&dir.path().join("i")), &mut |_| {}).unwrap();
+    let backends = Backends::new("local", Arc::new(index.clone())).with("hanging", Arc::new(remote));
+    let server = TestServer::start_with(ServerConfig::default(), backends, index, dir).await;
+    let slow = Arc::new(server.client().await);
+    let opts = grove_protocol::EpisodeOptions { backend: Some("hanging".into()), ..Default::default() };
+    let tasks = vec![em_task(); 16];
+    let waiting: Vec<_> =
+        slow.create_episodes(tasks, opts).await.unwrap().into_iter().map(|r| r.unwrap().episode).collect();
+    let started = Instant::now();
+    let pending = {
+        let slow = slow.clone();
+        let actions = waiting
+            .iter()
+            .map(|e| StepAction { episode: *e, action: grove_protocol::Action::Text("<search> q </search>".into()) })
+            .collect();
+        tokio::spawn(async move { slow.step(actions).await })
+    };
+    // Meanwhile, on the local backend: whole episodes, each reply long before the deadline.
+    let c = server.client().await;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
+        let obs = c.step_text(ep, "<search> Ada Kerrigan </search>").await.unwrap();
+        assert!(obs.text.contains("Ada Kerrigan"));
+        let forked = c.fork(vec![grove_protocol::ForkSpec { episode: ep, at_step: 1, n: 2 }]).await.unwrap();
+        assert_eq!(forked[0].as_ref().unwrap().children.len(), 2);
+        assert!(c.step_text(ep, "<answer> x </answer>").await.unwrap().done);
+        assert!(t.elapsed() < Duration::from_secs(4), "a local episode waited on the hanging backend");
+    }
+    assert!(started.elapsed() < Duration::from_millis(5_500), "the local episodes finished while the others waited");
+    let results = pending.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(5_900), "the hanging searches waited for their deadline");
+    for r in results {
+        assert_eq!(r.unwrap().error.map(|e| e.code), Some(ErrorCode::BackendTimeout));
+    }
+    server.shutdown().await;
+}

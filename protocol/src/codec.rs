@@ -23,9 +23,23 @@ pub fn encode<M: Serialize>(envelope: &Envelope<M>) -> Result<Vec<u8>, EncodeErr
     Ok(rmp_serde::to_vec_named(envelope)?)
 }
 
+/// Deepest nesting of arrays and maps a frame may have. Decoding recurses once per level, and
+/// rmp-serde's own default (1024) overflows a 2 MiB thread stack in debug builds with
+/// `serde_json::Value` tool arguments; no protocol message needs more than a dozen levels, so
+/// deeper frames are malformed.
+pub const MAX_DEPTH: usize = 64;
+
+/// Deserialize from a slice with the depth limit. Declared lengths are checked against the bytes
+/// that are really there before anything is allocated.
+fn from_slice<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, rmp_serde::decode::Error> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MAX_DEPTH);
+    T::deserialize(&mut de)
+}
+
 /// Decode an envelope of any message type.
 pub fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<Envelope<M>, DecodeError> {
-    rmp_serde::from_slice(bytes).map_err(|source| DecodeError { id: peek_id(bytes), source })
+    from_slice(bytes).map_err(|source| DecodeError { id: peek_id(bytes), source })
 }
 
 pub fn decode_request(bytes: &[u8]) -> Result<Envelope<Request>, DecodeError> {
@@ -44,5 +58,5 @@ pub fn peek_id(bytes: &[u8]) -> Option<RequestId> {
         #[serde(rename = "msg")]
         _msg: Option<IgnoredAny>,
     }
-    rmp_serde::from_slice::<IdOnly>(bytes).ok().map(|e| e.id)
+    from_slice::<IdOnly>(bytes).ok().map(|e| e.id)
 }

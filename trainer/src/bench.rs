@@ -1,5 +1,8 @@
 //! `trainer bench`: throughput of one model on this machine: generation at batch 1 and 8 with the
-//! KV cache, prefill, and a training forward + backward.
+//! KV cache, prefill, a training forward + backward, and multi-turn generation with KV-prefix
+//! reuse against re-encoding the whole context at every turn (the reference's way, no prefix
+//! cache). With an env-server, also a real tree and chain rollout at equal budget
+//! ([`budget_rows`], spec §2.6).
 
 use std::time::Instant;
 
@@ -8,11 +11,65 @@ use tch::{Kind, Tensor};
 use crate::generate::{Engine, SamplingParams};
 use crate::logprobs::score_sequences;
 use crate::model::CausalLm;
+use crate::rollout::agent::{AgentConfig, EnvClient, RolloutError, TreeShape};
 use crate::tokenizer::Tokenizer;
+
+/// One figure: what, its value (formatted), its unit, and a baseline or note.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    pub figure: String,
+    pub value: String,
+    pub unit: String,
+    pub note: String,
+}
+
+impl BenchRow {
+    pub fn new(figure: impl Into<String>, value: impl Into<String>, unit: &str, note: impl Into<String>) -> Self {
+        Self { figure: figure.into(), value: value.into(), unit: unit.into(), note: note.into() }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct BenchReport {
-    pub rows: Vec<(String, f64, String)>,
+    pub rows: Vec<BenchRow>,
+}
+
+/// Sizes of the measurements (`trainer bench --help`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchOptions {
+    /// Prompt tokens of the generation measurements.
+    pub prompt_len: usize,
+    /// Tokens sampled per sequence in the generation measurements.
+    pub new_tokens: usize,
+    /// Prompts x tokens of the prefill measurement.
+    pub prefill_batch: usize,
+    pub prefill_len: usize,
+    /// Sequences x tokens of the training forward + backward.
+    pub train_batch: usize,
+    pub train_len: usize,
+    /// Multi-turn baseline: prompt tokens, turns, tokens generated per turn, observation tokens
+    /// appended after each turn but the last.
+    pub turn_prompt: usize,
+    pub turns: usize,
+    pub turn_tokens: usize,
+    pub obs_tokens: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            prompt_len: 32,
+            new_tokens: 64,
+            prefill_batch: 8,
+            prefill_len: 256,
+            train_batch: 4,
+            train_len: 256,
+            turn_prompt: 256,
+            turns: 4,
+            turn_tokens: 32,
+            obs_tokens: 200,
+        }
+    }
 }
 
 /// Random token ids in `[1, vocab)`, deterministic.
@@ -26,58 +83,253 @@ fn tokens(vocab: i64, n: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-pub fn run(model: &CausalLm, tok: &Tokenizer, prompt_len: usize, new_tokens: usize) -> BenchReport {
-    let vocab = model.config.vocab_size.min(tok.vocab_size() as i64);
-    let mut rows = Vec::new();
-    // Generation: a `prompt_len` prompt, `new_tokens` sampled tokens, no stop, no EOS.
-    let mut no_eos = SamplingParams::greedy(new_tokens);
-    no_eos.stop.clear();
-    for batch in [1usize, 8] {
-        let mut engine = Engine::new(model);
-        let seqs: Vec<_> =
-            (0..batch).map(|i| engine.add(tokens(vocab, prompt_len, i as u64), i as u64).unwrap_or(0)).collect();
-        // Prefill outside the timed part: generation speed alone.
-        let warm = SamplingParams { max_new_tokens: 1, ..no_eos.clone() };
-        let _ = engine.generate(&seqs, &warm, tok);
-        let before = engine.stats.generated_tokens;
-        let t = Instant::now();
-        let _ = engine.generate(&seqs, &no_eos, tok);
-        let n = engine.stats.generated_tokens - before;
-        rows.push((
-            format!("generation tokens/s, batch {batch}"),
-            n as f64 / t.elapsed().as_secs_f64(),
-            format!("{new_tokens} new tokens, KV cache"),
-        ));
-    }
-    // Prefill: one forward over a batch of prompts, no grad.
+/// Greedy, no stop strings (EOS still ends a sequence; token counts come from the engine).
+fn greedy(n: usize) -> SamplingParams {
+    let mut p = SamplingParams::greedy(n);
+    p.stop.clear();
+    p
+}
+
+/// Hidden states of a `[b, len]` batch of random tokens, without grad.
+fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
     let device = model.device();
-    let (b, len) = (8i64, 256i64);
-    let ids =
-        Tensor::from_slice(&tokens(vocab, (b * len) as usize, 99).iter().map(|t| i64::from(*t)).collect::<Vec<_>>())
-            .view([b, len])
-            .to_device(device);
+    let ids = tokens(vocab, (b * len) as usize, seed).iter().map(|t| i64::from(*t)).collect::<Vec<_>>();
+    let ids = Tensor::from_slice(&ids).view([b, len]).to_device(device);
     let pos = Tensor::arange(len, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]);
     let mask = Tensor::ones([b, len], (Kind::Int64, device));
-    let t = Instant::now();
     tch::no_grad(|| {
         let _ = model.hidden(&ids, &pos, &mask, None);
     });
-    rows.push((
-        "prefill tokens/s".into(),
-        (b * len) as f64 / t.elapsed().as_secs_f64(),
-        "batch 8 x 256, no grad".into(),
-    ));
-    // Training: forward + backward over 4 x 256 tokens.
-    let seqs: Vec<Vec<u32>> = (0..4).map(|i| tokens(vocab, 256, 1000 + i)).collect();
-    let t = Instant::now();
-    let scored = score_sequences(model, &seqs, 4, true);
+}
+
+/// Mean log-probability of random sequences, backpropagated (grads are left on the weights).
+fn forward_backward(model: &CausalLm, vocab: i64, b: usize, len: usize, seed: u64) {
+    let seqs: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, len, seed + i as u64)).collect();
+    let scored = score_sequences(model, &seqs, b, true);
     let loss =
         Tensor::stack(&scored.iter().map(|s| s.logprobs.mean(Kind::Float)).collect::<Vec<_>>(), 0).mean(Kind::Float);
     (-loss).backward();
-    rows.push((
-        "training forward+backward tokens/s".into(),
-        1024.0 / t.elapsed().as_secs_f64(),
-        "batch 4 x 256".into(),
+}
+
+pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchReport {
+    let vocab = model.config.vocab_size.min(tok.vocab_size() as i64);
+    let mut rows = Vec::new();
+    // Generation: a `prompt_len` prompt, `new_tokens` greedy tokens, no stop string.
+    let no_stop = greedy(opts.new_tokens);
+    for batch in [1usize, 8] {
+        let mut engine = Engine::new(model);
+        let seqs: Vec<_> =
+            (0..batch).map(|i| engine.add(tokens(vocab, opts.prompt_len, i as u64), i as u64).unwrap_or(0)).collect();
+        // Prefill outside the timed part: generation speed alone.
+        let _ = engine.generate(&seqs, &greedy(1), tok);
+        let before = engine.stats.generated_tokens;
+        let t = Instant::now();
+        let _ = engine.generate(&seqs, &no_stop, tok);
+        let n = engine.stats.generated_tokens - before;
+        rows.push(BenchRow::new(
+            format!("generation, batch {batch}"),
+            format!("{:.1}", n as f64 / t.elapsed().as_secs_f64()),
+            "tokens/s",
+            format!("{} prompt + {} new tokens per sequence, KV cache", opts.prompt_len, opts.new_tokens),
+        ));
+    }
+    // Prefill: one forward over a batch of prompts, no grad (after a small warm-up forward).
+    prefill(model, vocab, 1, 16, 98);
+    let (b, len) = (opts.prefill_batch as i64, opts.prefill_len as i64);
+    let t = Instant::now();
+    prefill(model, vocab, b, len, 99);
+    rows.push(BenchRow::new(
+        "prefill",
+        format!("{:.1}", (b * len) as f64 / t.elapsed().as_secs_f64()),
+        "tokens/s",
+        format!("batch {b} x {len}, no grad"),
     ));
+    // Training: forward + backward (after a small warm-up step: the first backward allocates).
+    forward_backward(model, vocab, 1, 32, 500);
+    let t = Instant::now();
+    forward_backward(model, vocab, opts.train_batch, opts.train_len, 1000);
+    rows.push(BenchRow::new(
+        "training forward+backward",
+        format!("{:.1}", (opts.train_batch * opts.train_len) as f64 / t.elapsed().as_secs_f64()),
+        "tokens/s",
+        format!("batch {} x {}", opts.train_batch, opts.train_len),
+    ));
+    rows.extend(multi_turn(model, tok, vocab, opts));
     BenchReport { rows }
+}
+
+/// What one multi-turn run cost.
+struct TurnRun {
+    secs: f64,
+    generated: u64,
+    prefill: u64,
+}
+
+/// Multi-turn generation, as an agent does it: a prompt, then `turns` generations with an
+/// observation appended after each but the last. `reuse`: one engine sequence whose KV cache
+/// carries over (only the new tokens are encoded); else a fresh engine per turn over the whole
+/// context so far (the reference implementation has no prefix cache and re-encodes it).
+fn turns_once(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions, reuse: bool) -> TurnRun {
+    let prompt = tokens(vocab, opts.turn_prompt, 7);
+    let obs: Vec<Vec<u32>> = (0..opts.turns).map(|t| tokens(vocab, opts.obs_tokens, 100 + t as u64)).collect();
+    let params = greedy(opts.turn_tokens);
+    let (mut generated, mut prefill) = (0, 0);
+    let t = Instant::now();
+    if reuse {
+        let mut engine = Engine::new(model);
+        let Ok(seq) = engine.add(prompt, 1) else { return TurnRun { secs: 0.0, generated, prefill } };
+        for (turn, ob) in obs.iter().enumerate() {
+            let _ = engine.generate(&[seq], &params, tok);
+            if turn + 1 < opts.turns {
+                let _ = engine.extend(seq, ob);
+            }
+        }
+        generated = engine.stats.generated_tokens;
+        prefill = engine.stats.prefill_tokens;
+    } else {
+        let mut context = prompt;
+        for (turn, ob) in obs.iter().enumerate() {
+            let mut engine = Engine::new(model);
+            let Ok(seq) = engine.add(context.clone(), 1) else { break };
+            let out = engine.generate(&[seq], &params, tok).ok().and_then(|mut g| g.pop());
+            generated += engine.stats.generated_tokens;
+            prefill += engine.stats.prefill_tokens;
+            context.extend(out.map(|g| g.tokens).unwrap_or_default());
+            if turn + 1 < opts.turns {
+                context.extend_from_slice(ob);
+            }
+        }
+    }
+    TurnRun { secs: t.elapsed().as_secs_f64(), generated, prefill }
+}
+
+fn multi_turn(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions) -> Vec<BenchRow> {
+    let setting = format!(
+        "{} turns x {} tokens, {}-token prompt, {}-token observations, batch 1",
+        opts.turns, opts.turn_tokens, opts.turn_prompt, opts.obs_tokens
+    );
+    let kv = turns_once(model, tok, vocab, opts, true);
+    let re = turns_once(model, tok, vocab, opts, false);
+    let per_s = |r: &TurnRun| r.generated as f64 / r.secs.max(1e-9);
+    vec![
+        BenchRow::new(
+            "multi-turn generation, KV-prefix reuse",
+            format!("{:.1}", per_s(&kv)),
+            "tokens/s",
+            format!("{setting}; {:.2} s, {} tokens encoded", kv.secs, kv.prefill),
+        ),
+        BenchRow::new(
+            "multi-turn generation, re-encoding each turn (baseline)",
+            format!("{:.1}", per_s(&re)),
+            "tokens/s",
+            format!("same turns; {:.2} s, {} tokens encoded", re.secs, re.prefill),
+        ),
+        BenchRow::new(
+            "  KV-prefix reuse vs re-encoding",
+            format!("{:.2}x", per_s(&kv) / per_s(&re).max(1e-9)),
+            "ratio",
+            format!("tokens/s; re-encoding encodes {:.2}x the tokens", re.prefill as f64 / kv.prefill.max(1) as f64),
+        ),
+    ]
+}
+
+/// A real rollout of Tree-GRPO `tree` and of chain GRPO with `chain_n` trajectories on the same
+/// prompts, through an env-server: per prompt, trajectories, tool calls, generated tokens, and
+/// the prefill with KV-prefix reuse against re-encoding (spec §2.6).
+pub fn budget_rows(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    tree: TreeShape,
+    chain_n: usize,
+) -> Result<Vec<BenchRow>, RolloutError> {
+    let t = Instant::now();
+    let tree_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0)?;
+    let tree_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let chain_row = crate::budget::measure(model, tok, env, tasks, agent, TreeShape::chain(chain_n), 0)?;
+    let chain_secs = t.elapsed().as_secs_f64();
+    let p = tasks.len().max(1) as f64;
+    let setting = format!(
+        "real rollout, {} prompts, <= {} turns x {} tokens",
+        tasks.len(),
+        agent.max_turns,
+        agent.sampling.max_new_tokens
+    );
+    let mut rows = Vec::new();
+    for (r, secs) in [(&tree_row, tree_secs), (&chain_row, chain_secs)] {
+        rows.push(BenchRow::new(
+            format!("{}: trajectories per prompt", r.label),
+            format!("{:.2}", r.trajectories_per_prompt),
+            "traj",
+            setting.clone(),
+        ));
+        rows.push(BenchRow::new(
+            format!("{}: tool calls per prompt", r.label),
+            format!("{:.2}", r.tool_calls as f64 / p),
+            "calls",
+            "",
+        ));
+        rows.push(BenchRow::new(
+            format!("{}: generated tokens per prompt", r.label),
+            format!("{:.0}", r.generated_tokens as f64 / p),
+            "tokens",
+            format!("{secs:.1} s for all prompts"),
+        ));
+        rows.push(BenchRow::new(
+            format!("{}: prefill tokens per prompt, KV reuse / re-encode", r.label),
+            format!("{:.0} / {:.0}", r.prefill_tokens as f64 / p, r.reencode_prefill_tokens as f64 / p),
+            "tokens",
+            format!(
+                "{:.1}% saved by the prefix cache",
+                100.0 * (1.0 - r.prefill_tokens as f64 / r.reencode_prefill_tokens.max(1) as f64)
+            ),
+        ));
+    }
+    let per_traj = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / (r.trajectories_per_prompt * p).max(1e-9);
+    rows.push(BenchRow::new(
+        format!("  {} vs {}: generated tokens per trajectory", tree_row.label, chain_row.label),
+        format!("{:.2}x", per_traj(&tree_row) / per_traj(&chain_row).max(1e-9)),
+        "ratio",
+        format!(
+            "{:.2}x trajectories for {:.2}x generated tokens",
+            tree_row.trajectories_per_prompt / chain_row.trajectories_per_prompt.max(1e-9),
+            tree_row.generated_tokens as f64 / chain_row.generated_tokens.max(1) as f64
+        ),
+    ));
+    Ok(rows)
+}
+
+/// The arithmetic of spec §2.6 when no rollout is measured: a tree (M,N,L) yields M(1 + NL)
+/// trajectories for about M + MNL/2 chains of generation (a branch starts, on average, halfway
+/// down its parent), so chain GRPO at equal budget has M(1 + NL/2) trajectories.
+pub fn budget_arithmetic(tree: TreeShape, turns: u32, turn_tokens: usize) -> Vec<BenchRow> {
+    let (m, n, l) = (tree.m as f64, tree.n as f64, tree.l as f64);
+    let chains = m * (1.0 + n * l / 2.0);
+    let per_chain_tokens = f64::from(turns) * turn_tokens as f64;
+    let label = format!("tree ({},{},{})", tree.m, tree.n, tree.l);
+    let note = format!("arithmetic, spec §2.6 ({turns} turns x {turn_tokens} tokens per chain)");
+    vec![
+        BenchRow::new(format!("{label}: trajectories per prompt"), format!("{:.0}", m * (1.0 + n * l)), "traj", &note),
+        BenchRow::new(
+            format!("chain n={chains:.0}: trajectories per prompt"),
+            format!("{chains:.0}"),
+            "traj",
+            "equal budget",
+        ),
+        BenchRow::new(
+            "tree and chain: tool calls per prompt (at most)",
+            format!("{:.0}", chains * f64::from(turns)),
+            "calls",
+            &note,
+        ),
+        BenchRow::new(
+            "tree and chain: generated tokens per prompt (at most)",
+            format!("{:.0}", chains * per_chain_tokens),
+            "tokens",
+            &note,
+        ),
+    ]
 }

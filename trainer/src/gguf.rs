@@ -261,9 +261,10 @@ impl Gguf {
         let Some(elems) = elems.filter(|e| e % block_elems == 0) else {
             return Err(GgufError::Corrupt(format!("tensor `{}` has a bad element count", t.name)));
         };
-        let len = elems / block_elems * block_bytes;
+        // Declared dimensions can describe more bytes than a u64 holds: that is an error too.
+        let len = (elems / block_elems).checked_mul(block_bytes);
         let start = self.data_start.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(len));
+        let end = start.and_then(|s| s.checked_add(len?));
         match (start, end) {
             (Some(s), Some(e)) if e <= self.bytes.len() as u64 => Ok(&self.bytes[s as usize..e as usize]),
             _ => Err(GgufError::Corrupt(format!("tensor `{}` runs past the end of the file", t.name))),
@@ -410,6 +411,27 @@ mod tests {
         assert_eq!(c[16..], (0..16).map(|i| (15 - i) as f32 - 8.0).collect::<Vec<_>>()[..]);
         assert_eq!(g.dequantize("d").unwrap(), vec![5.0; 32]);
         assert!(matches!(g.dequantize("zz"), Err(GgufError::MissingTensor(_))));
+    }
+
+    /// Found by the `gguf_reader` fuzz target: a tensor whose byte size overflows a u64 (here
+    /// 2^62 F32 elements) was sized with an unchecked multiply: a panic in debug builds, and in
+    /// release a wrapped size of 0 that passed the bounds check, so `dequantize` then tried to
+    /// reserve 2^62 floats.
+    #[test]
+    fn tensor_byte_size_overflow_is_an_error() {
+        let mut b = Vec::new();
+        b.extend(b"GGUF");
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes()); // tensors
+        b.extend(0u64.to_le_bytes()); // metadata
+        b.extend(1u64.to_le_bytes());
+        b.extend(b"t");
+        b.extend(1u32.to_le_bytes()); // one dimension
+        b.extend((1u64 << 62).to_le_bytes());
+        b.extend(F32.to_le_bytes());
+        b.extend(0u64.to_le_bytes()); // offset
+        b.resize(64, 0);
+        assert!(matches!(Gguf::parse(b), Err(GgufError::Corrupt(_))));
     }
 
     #[test]

@@ -253,14 +253,54 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
     },
-    /// Measure generation, prefill and training throughput of a model on this machine.
+    /// Measure generation, prefill and training throughput of a model on this machine, and
+    /// multi-turn generation with KV-prefix reuse against re-encoding every turn; with --env and
+    /// --data, also a real tree and chain rollout at equal budget.
     Bench {
         #[arg(long)]
         model: PathBuf,
         #[arg(long, default_value = "auto")]
         device: DeviceRequest,
+        /// Tokens sampled per sequence in the batch 1 / batch 8 generation figures.
         #[arg(long, default_value_t = 64)]
         new_tokens: usize,
+        /// Sequences and tokens of the training forward + backward.
+        #[arg(long, default_value_t = 4)]
+        train_batch: usize,
+        #[arg(long, default_value_t = 256)]
+        train_len: usize,
+        /// Multi-turn baseline: turns, tokens per turn, observation tokens between turns.
+        #[arg(long, default_value_t = 4)]
+        turns: usize,
+        #[arg(long, default_value_t = 32)]
+        turn_tokens: usize,
+        #[arg(long, default_value_t = 200)]
+        obs_tokens: usize,
+        /// An env-server for the tree-vs-chain rollout (without it: the budget arithmetic).
+        #[arg(long)]
+        env: Option<String>,
+        /// QA JSONL or Search-R1 parquet of the rollout's prompts.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long, default_value = "nq")]
+        data_source: String,
+        /// Keep only rows whose metadata has this flag set (e.g. answer_in_passage).
+        #[arg(long)]
+        only: Option<String>,
+        #[arg(long, default_value_t = 2)]
+        budget_prompts: usize,
+        /// Tree shape M,N,L,k and the chain at equal budget.
+        #[arg(long, default_value = "2,2,1,3")]
+        tree: String,
+        #[arg(long, default_value_t = 4)]
+        chain_n: usize,
+        #[arg(long, default_value_t = 3)]
+        max_turns: u32,
+        #[arg(long, default_value_t = 48)]
+        max_new_tokens: usize,
+        /// Print rows as JSON lines (`{"figure", "value", "unit", "note"}`) instead of the table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -540,18 +580,74 @@ fn main() -> Result<()> {
             let params = grove_trainer::scratch::init_model(&out, vocab, shape, seed)?;
             println!("wrote {} (vocab {vocab}, {params} parameters)", out.display());
         }
-        Command::Bench { model, device, new_tokens } => {
+        Command::Bench {
+            model,
+            device,
+            new_tokens,
+            train_batch,
+            train_len,
+            turns,
+            turn_tokens,
+            obs_tokens,
+            env,
+            data,
+            data_source,
+            only,
+            budget_prompts,
+            tree,
+            chain_n,
+            max_turns,
+            max_new_tokens,
+            json,
+        } => {
+            use grove_trainer::bench::{BenchOptions, BenchRow};
+            let shape: Vec<usize> =
+                tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
+            let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
+            let shape = TreeShape { m, n, l, k };
             let Loaded { lm, tok, placement, .. } = load(&model, device)?;
-            let report = grove_trainer::bench::run(&lm, &tok, 32, new_tokens);
-            println!(
-                "{:<40} {:>12}  setting ({:?}, {} threads)",
-                "trainer bench",
-                "value",
-                placement.device,
-                tch::get_num_threads()
-            );
-            for (name, value, note) in report.rows {
-                println!("{name:<40} {value:>12.1}  {note}");
+            let threads = tch::get_num_threads();
+            let opts = BenchOptions {
+                new_tokens,
+                train_batch,
+                train_len,
+                turns,
+                turn_tokens,
+                obs_tokens,
+                ..Default::default()
+            };
+            let mut rows = vec![BenchRow::new(
+                "libtorch threads",
+                threads.to_string(),
+                "threads",
+                format!("{:?}, {}", placement.device, model.display()),
+            )];
+            rows.extend(grove_trainer::bench::run(&lm, &tok, &opts).rows);
+            match (env, data) {
+                (Some(env), Some(data)) if budget_prompts > 0 => {
+                    let client = EnvClient::connect(&env, Default::default())?;
+                    let mut tasks = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
+                    tasks.truncate(budget_prompts);
+                    let agent = AgentConfig {
+                        max_turns,
+                        sampling: SamplingParams { max_new_tokens, ..SamplingParams::default() },
+                        ..AgentConfig::default()
+                    };
+                    rows.extend(grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?);
+                }
+                _ => rows.extend(grove_trainer::bench::budget_arithmetic(shape, max_turns, max_new_tokens)),
+            }
+            if json {
+                for r in rows {
+                    let line =
+                        serde_json::json!({ "figure": r.figure, "value": r.value, "unit": r.unit, "note": r.note });
+                    println!("{line}");
+                }
+            } else {
+                println!("{:<58} {:>14} {:<9} note", "trainer bench", "value", "unit");
+                for r in rows {
+                    println!("{:<58} {:>14} {:<9} {}", r.figure, r.value, r.unit, r.note);
+                }
             }
         }
     }

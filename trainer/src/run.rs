@@ -2,7 +2,7 @@
 //! frozen reference, connect to the env-servers, run `train_step`s with checkpoints, metrics,
 //! plots and periodic evaluation, and hand back what happened.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -12,10 +12,10 @@ use crate::eval::{EvalReport, evaluate, format_report};
 use crate::generate::SamplingParams;
 use crate::model::{CausalLm, load_model};
 use crate::optim::{AdamW, AdamWConfig};
-use crate::rollout::agent::{AgentConfig, EnvClient};
+use crate::rollout::agent::{AgentConfig, EnvClient, RolloutError};
 use crate::tokenizer::Tokenizer;
 use crate::train::{
-    StepMetrics, TrainConfig, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks,
+    StepMetrics, TrainConfig, TrainError, TrainState, append_metrics, latest_checkpoint, load_checkpoint, load_tasks,
     save_checkpoint, train_step,
 };
 
@@ -102,6 +102,55 @@ pub fn format_eval_point(p: &EvalPoint, agent: &AgentConfig) -> String {
     s
 }
 
+/// Keep the lines of `metrics.jsonl` for steps before `next_step` (an interrupted run may have
+/// written later ones that the resumed run redoes).
+pub fn truncate_metrics(dir: &Path, next_step: u64) -> Result<()> {
+    let path = dir.join("metrics.jsonl");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v.get("step").and_then(serde_json::Value::as_u64))
+                .is_some_and(|s| s < next_step)
+        })
+        .collect();
+    let tmp = dir.join(".metrics.jsonl.tmp");
+    std::fs::write(&tmp, kept.iter().map(|l| format!("{l}\n")).collect::<String>())?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+/// A failed step or evaluation, said so that a user knows what was lost and how to go on: when
+/// an env-server went away, its episodes of this step are lost, no update of the step was
+/// applied, and `--resume` continues from the last checkpoint once the server is back.
+fn explain_failure(e: anyhow::Error, step: u64, cfg: &TrainConfig) -> anyhow::Error {
+    // `TrainError::Rollout` is transparent: the rollout error is not a link of the chain itself.
+    let lost = e.chain().find_map(|c| {
+        let rollout = c.downcast_ref::<RolloutError>().or_else(|| match c.downcast_ref::<TrainError>() {
+            Some(TrainError::Rollout(r)) => Some(r),
+            _ => None,
+        });
+        match rollout {
+            Some(RolloutError::EnvLost { url, live, .. }) => Some((url.clone(), *live)),
+            _ => None,
+        }
+    });
+    let Some((url, live)) = lost else { return e.context(format!("step {step} failed")) };
+    let resume = match latest_checkpoint(&cfg.out_dir) {
+        Some(ckpt) => format!(
+            "the last checkpoint is {}; once the env-server is back, `trainer train --resume` continues from it",
+            ckpt.display()
+        ),
+        None => "there is no checkpoint yet; once the env-server is back, run `trainer train` again".to_string(),
+    };
+    e.context(format!(
+        "env-server {url} was lost during step {step}: {live} of its episodes are gone, the step's rollouts are \
+         discarded and none of its updates was applied; {resume}"
+    ))
+}
+
 /// Train as `cfg` says. Writes `config.toml`, `metrics.jsonl`, `eval-<step>.json`, the SVG plots
 /// and checkpoints into `cfg.out_dir`.
 pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
@@ -154,8 +203,13 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         let p = eval_point(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, cfg.eval_sampled, (0, cfg.seed))?;
         record(p, &mut summary)?;
     }
+    if start > 0 {
+        // Steps after the checkpoint were done by the interrupted run and are redone now.
+        truncate_metrics(&cfg.out_dir, start)?;
+    }
     for step in start..cfg.steps {
-        let m = train_step(&policy, &reference, &mut opt, &tok, &envs, &tasks, &step_cfg, step)?;
+        let m = train_step(&policy, &reference, &mut opt, &tok, &envs, &tasks, &step_cfg, step)
+            .map_err(|e| explain_failure(e.into(), step, cfg))?;
         append_metrics(&cfg.out_dir, &m)?;
         bar.set_message(format!("reward {:.3} EM {:.3} kl {:.4}", m.reward_mean, m.metric_mean, m.kl));
         bar.inc(1);
@@ -163,7 +217,8 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         let last = step + 1 == cfg.steps;
         if !eval_tasks.is_empty() && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last) {
             let p =
-                eval_point(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, cfg.eval_sampled, (step + 1, cfg.seed))?;
+                eval_point(&policy, &tok, &envs, &eval_tasks, &step_cfg.agent, cfg.eval_sampled, (step + 1, cfg.seed))
+                    .map_err(|e| explain_failure(e, step + 1, cfg))?;
             record(p, &mut summary)?;
         }
         if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) || last {

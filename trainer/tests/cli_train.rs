@@ -5,36 +5,19 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use grove_datasets::assets;
-use grove_datasets::synthetic::{World, WorldConfig};
+mod common;
+
+use common::{tiny_model_folder, world_files};
 use grove_env_server::config::ServerConfig;
 use grove_env_server::search::LocalIndex;
 use grove_env_server::{Backends, run};
-use grove_trainer::model::{CausalLm, ModelConfig, save_model};
-
-fn tiny_model_folder(dir: &std::path::Path) {
-    let tok_dir = assets::qwen25_tokenizer_dir();
-    assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
-    let cfg = r#"{"model_type": "qwen2", "vocab_size": 151665, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let _lm = CausalLm::new(&vs.root(), ModelConfig::from_json(cfg).unwrap());
-    let files = [tok_dir.join("tokenizer.json"), tok_dir.join("tokenizer_config.json")];
-    save_model(&vs, cfg, dir, tch::Kind::Float, &files).unwrap();
-}
 
 #[test]
 fn train_resume_and_eval_from_the_command_line() {
     let work = tempfile::tempdir().unwrap();
     let model = work.path().join("model");
     tiny_model_folder(&model);
-    let world = World::generate(&WorldConfig::default());
-    let corpus = work.path().join("world.jsonl");
-    grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-    let examples: Vec<_> = world.questions(2, 4, 1).into_iter().map(|q| q.example).collect();
-    let data = work.path().join("train.jsonl");
-    grove_datasets::loaders::write_qa_jsonl(&data, &examples).unwrap();
+    let (corpus, data) = world_files(work.path());
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
@@ -111,6 +94,7 @@ fn train_resume_and_eval_from_the_command_line() {
         Command::new(bin).args(["world", "--train", "3", "--test", "1", "--out"]).arg(&world_dir).output().unwrap();
     assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
     let corpus_written = grove_datasets::loaders::load_wiki18(&world_dir.join("corpus.jsonl"), Default::default());
+    let world = grove_datasets::synthetic::World::generate(&grove_datasets::synthetic::WorldConfig::default());
     assert_eq!(corpus_written.unwrap().items, world.passages);
     let traj = work.path().join("warm.jsonl");
     let warm = Command::new(bin)

@@ -4,10 +4,13 @@
 //! and the Python checks).
 
 mod assets;
+mod bench;
 mod demo;
+mod fuzz;
 mod libtorch;
 mod python;
 mod redis;
+mod soak;
 mod util;
 
 use std::path::{Path, PathBuf};
@@ -59,6 +62,16 @@ enum Command {
     /// Chain GRPO against Tree-GRPO at equal budget (2 and 4), 3 seeds each, from one warm start
     /// on the synthetic world; prints and saves the table and plots.
     Experiment(demo::ExperimentArgs),
+    /// Build the env-server in release and soak it: ~1,000 live episodes stepping and forking for
+    /// --minutes, RSS and latency printed over time; fails if RSS is not flat after warm-up.
+    Soak(soak::SoakArgs),
+    /// The project's headline figures in one table, each with its same-run baseline: steps over
+    /// WebSocket vs HTTP /retrieve, fork cost, BM25, SmolLM2 generation and training, KV-prefix
+    /// reuse vs re-encoding, tree vs chain at equal budget (markdown in target/bench/bench.md).
+    Bench(bench::BenchArgs),
+    /// Run the libFuzzer targets in fuzz/ (wire frames, action parser, dataset loaders, GGUF)
+    /// for --seconds each with a persistent corpus in the cache; fails on any crash.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -76,6 +89,9 @@ fn main() -> Result<()> {
         Command::Test { no_lint, cargo_test_args } => test(&root, no_lint, &cargo_test_args)?,
         Command::Demo(args) => demo::run(&root, &args)?,
         Command::Experiment(args) => demo::experiment(&root, &args)?,
+        Command::Soak(args) => soak::run(&root, &args)?,
+        Command::Bench(args) => bench::run(&root, &args)?,
+        Command::Fuzz(args) => fuzz::run(&root, &args)?,
         Command::Env => {
             let dir = libtorch::ensure(&root, libtorch::Variant::Cpu)?;
             println!("export LIBTORCH={}", dir.display());
@@ -125,6 +141,7 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
             std::process::Command::new("cargo").current_dir(root).args(&args).env("GROVE_REDIS_SERVER", &redis_server),
         )
     })?;
+    phase("fuzz (time-boxed)", &mut || fuzz::time_boxed(root))?;
     phase("python tests", &mut || {
         // The Python client's tests start a real env-server. `cargo test --workspace` built it
         // (for env-server's own integration tests); build it only when a filtered run did not, as

@@ -18,6 +18,17 @@ use crate::types::QaExample;
 /// Read a Search-R1 parquet file. The group id of a row is its `id` column when present, else
 /// `<data_source>_<split>_<extra_info.index>`; never the bare per-file index (spec §9.16).
 pub fn load_searchr1_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaExample>> {
+    // The parquet crate can panic on a corrupt file (57.3 unwraps a malformed thrift field in
+    // the footer; found by the `qa_loaders` fuzz target). A corrupt file is an error here.
+    std::panic::catch_unwind(|| read_parquet(path, on_bad)).unwrap_or_else(|panic| {
+        let why =
+            panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        let why = why.unwrap_or_default();
+        Err(DatasetError::format(path, format!("not a readable parquet file: the parquet reader panicked ({why})")))
+    })
+}
+
+fn read_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaExample>> {
     let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.build())

@@ -27,10 +27,13 @@ type Body = Full<Bytes>;
 /// are closed gracefully then, so that shutdown does not wait on idle HTTP clients).
 pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let mut shutdown = ctx.shutdown.clone();
+    let header_timeout = std::time::Duration::from_secs(ctx.config.limits.http_header_timeout_secs.max(1));
     let service = hyper::service::service_fn(move |req| route(req, ctx.clone()));
     let conn = hyper::server::conn::http1::Builder::new()
         .max_buf_size(64 * 1024)
-        .header_read_timeout(std::time::Duration::from_secs(30))
+        // Slowloris policy: the whole request head within `http_header_timeout_secs` (a
+        // connection that sends nothing at all included), or hyper closes the connection.
+        .header_read_timeout(header_timeout)
         .timer(hyper_util::rt::TokioTimer::new())
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();

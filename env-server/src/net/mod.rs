@@ -86,8 +86,9 @@ pub enum ServerError {
     SimThread,
 }
 
-/// A reply on its way to a connection. `counted` replies answer a request the reader forwarded
-/// to the sim and give back one in-flight permit when written.
+/// A reply on its way to a connection. `counted` replies hold one in-flight permit of their
+/// connection (replies of the sim, and the reader's own replies) and give it back when written;
+/// the writer counts the errors of uncounted ones in the metrics.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     pub envelope: Envelope<Response>,

@@ -77,6 +77,20 @@ where
         let _ = sink.close().await;
     });
 
+    // The reader's own replies (Welcome and error replies) take an in-flight permit too, given
+    // back when written, exactly like forwarded requests. Without it, error replies piling up
+    // behind a blocked writer (a client pipelining bad frames without reading) could fill the
+    // reply channel, and the sim's replies, which are sent with `try_send`, would be dropped:
+    // requests silently unanswered and their permits lost for good.
+    let send_local = |reply: Outgoing| {
+        let (tx, in_flight, metrics) = (tx.clone(), in_flight.clone(), ctx.metrics.clone());
+        async move {
+            let Ok(permit) = in_flight.acquire_owned().await else { return false };
+            permit.forget();
+            super::count_errors(&reply.envelope.msg, &metrics);
+            tx.send(Outgoing { counted: true, ..reply }).await.is_ok()
+        }
+    };
     let mut shutdown = ctx.shutdown.clone();
     let idle = Duration::from_secs(limits.connection_idle_secs);
     let mut handshaken = false;
@@ -110,7 +124,7 @@ where
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
             Message::Text(_) => {
                 let r = error_reply(None, ErrorCode::UnsupportedFrame, "frames must be binary MessagePack, not text");
-                if tx.send(r).await.is_err() {
+                if !send_local(r).await {
                     break;
                 }
                 continue;
@@ -123,7 +137,7 @@ where
                 ErrorCode::FrameTooLarge,
                 format!("frame of {} bytes; the limit is {}", bytes.len(), limits.max_frame_bytes),
             );
-            if tx.send(r).await.is_err() {
+            if !send_local(r).await {
                 break;
             }
             continue;
@@ -131,7 +145,7 @@ where
         let env = match decode_request(&bytes) {
             Ok(env) => env,
             Err(e) => {
-                if tx.send(error_reply(e.id, ErrorCode::MalformedFrame, e.to_string())).await.is_err() {
+                if !send_local(error_reply(e.id, ErrorCode::MalformedFrame, e.to_string())).await {
                     break;
                 }
                 continue;
@@ -159,10 +173,21 @@ where
             (Request::Hello(_), true) => {
                 Some(error_reply(Some(env.id), ErrorCode::HandshakeRequired, "Hello was already sent"))
             }
+            // Every episode of the request copies its rendered prompt, so a long template would
+            // be multiplied by the batch size: it is held to `max_action_chars`, like a question.
+            (Request::CreateEpisodes(c), true)
+                if c.options.prompt_template.as_ref().is_some_and(|t| t.chars().count() > limits.max_action_chars) =>
+            {
+                Some(error_reply(
+                    Some(env.id),
+                    ErrorCode::ActionTooLong,
+                    format!("prompt_template is longer than {} characters", limits.max_action_chars),
+                ))
+            }
             (_, true) => None,
         };
         if let Some(r) = local {
-            if tx.send(r).await.is_err() {
+            if !send_local(r).await {
                 break;
             }
             continue;

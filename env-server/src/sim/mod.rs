@@ -123,6 +123,10 @@ impl Sim {
     pub fn tick(&mut self, now: Instant) -> TickOutput {
         self.world.insert_resource(Now(now));
         self.schedule.run(&mut self.world);
+        // Every despawned episode records one removed-component message per component; only
+        // `clear_trackers` drops them (an `App` would call it each frame). Without it the world
+        // grows by ~200 bytes per closed episode, forever.
+        self.world.clear_trackers();
         let mut outbox = self.world.resource_mut::<Outbox>();
         TickOutput { replies: std::mem::take(&mut outbox.replies), searches: std::mem::take(&mut outbox.searches) }
     }

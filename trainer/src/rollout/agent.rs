@@ -27,6 +27,10 @@ pub enum RolloutError {
     Tree(#[from] super::tree::TreeError),
     #[error("cannot start the env client runtime: {0}")]
     Runtime(std::io::Error),
+    /// The connection to an env-server broke (the server died or the network went away): every
+    /// episode this client held there is gone with it.
+    #[error("env-server {url} went away ({why}); {live} live episodes there are lost")]
+    EnvLost { url: String, live: u64, why: String },
 }
 
 /// A blocking handle on one env-server for the tensor thread.
@@ -34,13 +38,40 @@ pub enum RolloutError {
 pub struct EnvClient {
     rt: tokio::runtime::Runtime,
     client: Client,
+    url: String,
+    /// Episodes created or forked through this handle and not closed yet.
+    live: std::sync::atomic::AtomicU64,
 }
 
 impl EnvClient {
     pub fn connect(url: &str, options: ClientOptions) -> Result<Self, RolloutError> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(RolloutError::Runtime)?;
         let client = rt.block_on(Client::connect(url, options))?;
-        Ok(Self { rt, client })
+        Ok(Self { rt, client, url: url.to_string(), live: Default::default() })
+    }
+
+    /// The env-server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Episodes opened through this handle and not closed yet.
+    pub fn live_episodes(&self) -> u64 {
+        self.live.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn opened(&self, n: usize) {
+        self.live.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A transport failure (not an error reply) means the server or the connection is gone.
+    fn lost(&self, e: ClientError) -> RolloutError {
+        match e {
+            ClientError::Closed | ClientError::WebSocket(_) => {
+                RolloutError::EnvLost { url: self.url.clone(), live: self.live_episodes(), why: e.to_string() }
+            }
+            other => RolloutError::Client(other),
+        }
     }
 
     fn create(&self, tasks: Vec<TaskSpec>, config: &AgentConfig) -> Result<Vec<(EpisodeId, String)>, RolloutError> {
@@ -50,23 +81,23 @@ impl EnvClient {
             topk: config.topk,
             ..Default::default()
         };
-        self.rt
-            .block_on(self.client.create_episodes(tasks, opts))?
-            .into_iter()
-            .map(|r| r.map(|s| (s.episode, s.prompt)).map_err(RolloutError::Env))
-            .collect()
+        let created = self.rt.block_on(self.client.create_episodes(tasks, opts)).map_err(|e| self.lost(e))?;
+        self.opened(created.iter().filter(|r| r.is_ok()).count());
+        created.into_iter().map(|r| r.map(|s| (s.episode, s.prompt)).map_err(RolloutError::Env)).collect()
     }
 
     fn step(&self, actions: Vec<(EpisodeId, String)>) -> Result<Vec<Observation>, RolloutError> {
         let actions =
             actions.into_iter().map(|(episode, text)| StepAction { episode, action: Action::Text(text) }).collect();
-        self.rt.block_on(self.client.step(actions))?.into_iter().map(|r| r.map_err(RolloutError::Env)).collect()
+        let results = self.rt.block_on(self.client.step(actions)).map_err(|e| self.lost(e))?;
+        results.into_iter().map(|r| r.map_err(RolloutError::Env)).collect()
     }
 
     fn fork(&self, episode: EpisodeId, at_step: u32) -> Result<EpisodeId, RolloutError> {
-        let r = self.rt.block_on(self.client.fork(vec![ForkSpec { episode, at_step, n: 1 }]))?;
+        let r =
+            self.rt.block_on(self.client.fork(vec![ForkSpec { episode, at_step, n: 1 }])).map_err(|e| self.lost(e))?;
         match r.into_iter().next() {
-            Some(Ok(f)) => f.children.first().copied().ok_or_else(|| {
+            Some(Ok(f)) => f.children.first().copied().inspect(|_| self.opened(1)).ok_or_else(|| {
                 RolloutError::Env(ErrorInfo::new(grove_protocol::ErrorCode::Internal, "fork returned no child"))
             }),
             Some(Err(e)) => Err(RolloutError::Env(e)),
@@ -75,7 +106,12 @@ impl EnvClient {
     }
 
     pub fn close(&self, episodes: Vec<EpisodeId>) -> Result<(), RolloutError> {
-        self.rt.block_on(self.client.close(episodes))?;
+        let closed = self.rt.block_on(self.client.close(episodes)).map_err(|e| self.lost(e))?;
+        let n = closed.iter().filter(|r| r.is_ok()).count() as u64;
+        let _ =
+            self.live.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |l| {
+                Some(l.saturating_sub(n))
+            });
         Ok(())
     }
 
