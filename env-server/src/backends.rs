@@ -47,15 +47,15 @@ pub async fn open_cache(config: &CacheConfig) -> Result<Option<WebCache>, SetupE
     Ok(cache)
 }
 
-/// The backends of `backend = "web"`: the provider behind the cache, and the page tool.
+/// The backends of `backend = "web"`: the provider behind the cache, and the page tool (always
+/// on for web, see [`with_pages`]).
 pub async fn web_backends(config: &ServerConfig) -> Result<Backends, SetupError> {
     let cache = open_cache(&config.cache).await?;
     let web = WebSearch::new(config.web.clone())?;
     let name = web.provider().name().to_string();
     let params = request_params(&config.web);
     let search = CachedSearch::new(Arc::new(web), cache.clone(), config.cache.mode, name.clone(), params, false);
-    let pages = CachedPages::new(PageFetcher::new(config.pages.clone())?, cache, config.cache.mode);
-    Ok(Backends::new(name, Arc::new(search)).with_pages(Arc::new(pages)))
+    with_pages(Backends::new(name, Arc::new(search)), config, cache)
 }
 
 /// The remote Search-R1 retriever, behind the cache when `remote.cache` is set, with the page

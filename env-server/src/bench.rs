@@ -327,6 +327,17 @@ async fn step_phase(
             Ok::<_, anyhow::Error>(lat)
         }));
     }
+    finish_phase(tasks, &stop, seconds, started).await
+}
+
+/// Let a phase's loops run for `seconds`, stop them, and gather their latencies: (requests,
+/// latencies, wall seconds since `started`).
+async fn finish_phase(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
+    stop: &AtomicBool,
+    seconds: f64,
+    started: Instant,
+) -> Result<(usize, Vec<Duration>, f64)> {
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
@@ -378,14 +389,7 @@ async fn http_phase(
             Ok::<_, anyhow::Error>(lat)
         }));
     }
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    let wall = started.elapsed().as_secs_f64();
-    Ok((all.len(), all, wall))
+    finish_phase(tasks, &stop, seconds, started).await
 }
 
 /// Advance a fresh episode `depth` steps with invalid actions (no search), then time forks.

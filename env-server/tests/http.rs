@@ -87,9 +87,8 @@ async fn remote_backend_against_a_real_retrieve_server() {
     a.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_backend_that_hangs_meets_its_deadline() {
-    // A TCP server that accepts and never answers.
+/// A TCP server that accepts connections and never answers.
+async fn hanging_server() -> std::net::SocketAddr {
     let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = hang.local_addr().unwrap();
     tokio::spawn(async move {
@@ -98,6 +97,12 @@ async fn remote_backend_that_hangs_meets_its_deadline() {
             held.push(s);
         }
     });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_backend_that_hangs_meets_its_deadline() {
+    let addr = hanging_server().await;
     let cfg = RemoteConfig { deadline_ms: 300, retries: 1, backoff_ms: 10, ..Default::default() };
     let remote = RemoteRetriever::new(format!("http://{addr}/retrieve"), cfg).unwrap();
     let t = Instant::now();
@@ -231,14 +236,7 @@ fn index_is_built_once_and_rebuilt_when_the_corpus_changes() {
 /// finish as usual, and the waiting steps end with `backend_timeout` observations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_backend_does_not_stall_the_others() {
-    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = hang.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = hang.accept().await {
-            held.push(s);
-        }
-    });
+    let addr = hanging_server().await;
     let cfg = RemoteConfig { deadline_ms: 6_000, retries: 0, backoff_ms: 5, ..Default::default() };
     let remote = RemoteRetriever::new(format!("http://{addr}/retrieve"), cfg).unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -304,6 +304,14 @@ enum Command {
     },
 }
 
+/// `--tree M,N,L,k`.
+fn parse_tree_shape(tree: &str) -> Result<TreeShape> {
+    let shape: Vec<usize> =
+        tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
+    let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
+    Ok(TreeShape { m, n, l, k })
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -460,9 +468,7 @@ fn main() -> Result<()> {
             max_new_tokens,
             device,
         } => {
-            let shape: Vec<usize> =
-                tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
-            let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
+            let shape = parse_tree_shape(&tree)?;
             let Loaded { lm, tok, .. } = load(&model, device)?;
             let client = EnvClient::connect(&env, Default::default())?;
             let mut tasks = load_tasks(&data, &data_source)?;
@@ -473,7 +479,7 @@ fn main() -> Result<()> {
                 ..AgentConfig::default()
             };
             let rows = [
-                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape { m, n, l, k }, 0)?,
+                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, shape, 0)?,
                 grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape::chain(chain_n), 0)?,
             ];
             print!("{}", grove_trainer::budget::format_rows(&rows));
@@ -601,10 +607,7 @@ fn main() -> Result<()> {
             json,
         } => {
             use grove_trainer::bench::{BenchOptions, BenchRow};
-            let shape: Vec<usize> =
-                tree.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().context("--tree M,N,L,k")?;
-            let [m, n, l, k] = shape[..] else { anyhow::bail!("--tree needs four numbers M,N,L,k") };
-            let shape = TreeShape { m, n, l, k };
+            let shape = parse_tree_shape(&tree)?;
             let Loaded { lm, tok, placement, .. } = load(&model, device)?;
             let threads = tch::get_num_threads();
             let opts = BenchOptions {

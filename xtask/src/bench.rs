@@ -7,8 +7,8 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
@@ -111,7 +111,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             util::banner("env-server serve over mini-Wikipedia (for the tree vs chain rollout)");
             let log = target.join("bench").join("env-server-wiki.log");
             std::fs::create_dir_all(target.join("bench"))?;
-            Some(Server::start(&env_server, &corpus, &log)?)
+            Some(crate::demo::start_server(&env_server, &corpus, &log)?)
         } else {
             None
         };
@@ -261,45 +261,4 @@ fn markdown(header: &[(&str, String)], rows: &[Row]) -> String {
         ));
     }
     md
-}
-
-/// An `env-server serve` child process, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(bin: &Path, corpus: &Path, log: &Path) -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let bind = format!("127.0.0.1:{port}");
-        let log_file = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-        let child = Command::new(bin)
-            .args(["serve", "--corpus"])
-            .arg(corpus)
-            .args(["--bind", &bind])
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("start {}", bin.display()))?;
-        let mut server = Server { child, url: format!("ws://{bind}/") };
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while std::net::TcpStream::connect(&bind).is_err() {
-            if let Some(status) = server.child.try_wait()? {
-                bail!("env-server exited with {status}; see {}", log.display());
-            }
-            if Instant::now() > deadline {
-                bail!("env-server did not listen on {bind} within 300 s; see {}", log.display());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(server)
-    }
 }

@@ -47,9 +47,9 @@ pub struct DemoArgs {
 }
 
 /// An env-server child process, killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for Server {
@@ -63,7 +63,7 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn start_server(bin: &Path, corpus: &Path, log: &Path) -> Result<Server> {
+pub(crate) fn start_server(bin: &Path, corpus: &Path, log: &Path) -> Result<Server> {
     let port = free_port()?;
     let bind = format!("127.0.0.1:{port}");
     let log_file = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;

@@ -173,17 +173,6 @@ where
             (Request::Hello(_), true) => {
                 Some(error_reply(Some(env.id), ErrorCode::HandshakeRequired, "Hello was already sent"))
             }
-            // Every episode of the request copies its rendered prompt, so a long template would
-            // be multiplied by the batch size: it is held to `max_action_chars`, like a question.
-            (Request::CreateEpisodes(c), true)
-                if c.options.prompt_template.as_ref().is_some_and(|t| t.chars().count() > limits.max_action_chars) =>
-            {
-                Some(error_reply(
-                    Some(env.id),
-                    ErrorCode::ActionTooLong,
-                    format!("prompt_template is longer than {} characters", limits.max_action_chars),
-                ))
-            }
             (_, true) => None,
         };
         if let Some(r) = local {

@@ -33,8 +33,8 @@ pub struct TickOutput {
 pub struct Sim {
     world: World,
     schedule: Schedule,
-    /// The episode defaults fix the rendering for every backend.
-    forced_render: bool,
+    /// The episode defaults' rendering, which overrides every backend's own.
+    render_override: Option<RenderFormat>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -83,7 +83,7 @@ impl Sim {
             )
                 .chain(),
         );
-        Sim { world, schedule, forced_render: defaults.render.is_some() }
+        Sim { world, schedule, render_override: defaults.render }
     }
 
     /// Queue a request from a connection for the next tick.
@@ -109,13 +109,11 @@ impl Sim {
     /// How each backend's results are rendered (parallel to the backend names given to
     /// [`Sim::new`]; the episode defaults' `render` overrides them), and whether `open` is a tool.
     pub fn configure_tools(&mut self, renders: &[RenderFormat], open: bool) {
+        let over = self.render_override;
         let mut settings = self.world.resource_mut::<SimSettings>();
         let n = settings.backends.len();
-        let fixed = settings.renders.first().copied();
-        settings.renders = match self.forced_render {
-            true => vec![fixed.unwrap_or(RenderFormat::Docs); n],
-            false => (0..n).map(|i| renders.get(i).copied().unwrap_or(RenderFormat::Docs)).collect(),
-        };
+        settings.renders =
+            (0..n).map(|i| over.or_else(|| renders.get(i).copied()).unwrap_or(RenderFormat::Docs)).collect();
         settings.open = open;
     }
 

@@ -133,6 +133,16 @@ fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
             format!("max_turns {max_turns} is above the server's limit {}", settings.limits.max_turns),
         ));
     }
+    // Every episode copies its rendered prompt, so a long template would be multiplied by the
+    // batch size: it is held to `max_action_chars`, like a question.
+    if let Some(t) = &opts.prompt_template
+        && t.chars().count() > settings.limits.max_action_chars
+    {
+        return Response::Error(ErrorInfo::new(
+            ErrorCode::ActionTooLong,
+            format!("prompt_template is longer than {} characters", settings.limits.max_action_chars),
+        ));
+    }
     let topk = opts.topk.filter(|k| *k > 0).unwrap_or(settings.topk).min(settings.limits.max_topk);
     let backend = match &opts.backend {
         None => 0,
