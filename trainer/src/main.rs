@@ -287,8 +287,21 @@ enum Command {
         /// Keep only rows whose metadata has this flag set (e.g. answer_in_passage).
         #[arg(long)]
         only: Option<String>,
+        /// Prompts of the rollout, spread evenly over the data file.
         #[arg(long, default_value_t = 2)]
         budget_prompts: usize,
+        /// The policy of the rollout (default: --model); a policy that calls tools makes the
+        /// tree and chain figures compare something.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Agent prompt of the rollout, with a `{question}` placeholder (default: the env-server's).
+        #[arg(long)]
+        prompt_template: Option<PathBuf>,
+        /// Search results per query in the rollout (default: the env-server's).
+        #[arg(long)]
+        topk: Option<u32>,
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f64,
         /// Tree shape M,N,L,k and the chain at equal budget.
         #[arg(long, default_value = "2,2,1,3")]
         tree: String,
@@ -600,6 +613,10 @@ fn main() -> Result<()> {
             data_source,
             only,
             budget_prompts,
+            policy,
+            prompt_template,
+            topk,
+            temperature,
             tree,
             chain_n,
             max_turns,
@@ -629,14 +646,33 @@ fn main() -> Result<()> {
             match (env, data) {
                 (Some(env), Some(data)) if budget_prompts > 0 => {
                     let client = EnvClient::connect(&env, Default::default())?;
-                    let mut tasks = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
-                    tasks.truncate(budget_prompts);
+                    let all = grove_trainer::train::load_tasks_where(&data, &data_source, only.as_deref())?;
+                    let stride = (all.len() / budget_prompts).max(1);
+                    let tasks: Vec<_> = all.into_iter().step_by(stride).take(budget_prompts).collect();
                     let agent = AgentConfig {
                         max_turns,
-                        sampling: SamplingParams { max_new_tokens, ..SamplingParams::default() },
+                        sampling: SamplingParams { max_new_tokens, temperature, ..SamplingParams::default() },
+                        prompt_template: prompt_template
+                            .map(|p| std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display())))
+                            .transpose()?,
+                        topk,
                         ..AgentConfig::default()
                     };
-                    rows.extend(grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?);
+                    let budget = match &policy {
+                        Some(p) => {
+                            let Loaded { lm, tok, .. } = load(p, device)?;
+                            grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?
+                        }
+                        None => grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?,
+                    };
+                    let name = policy.as_deref().unwrap_or(&model);
+                    rows.push(BenchRow::new(
+                        "rollout policy",
+                        name.file_name().map_or_else(|| name.display().to_string(), |n| n.to_string_lossy().into()),
+                        "",
+                        format!("{}, {} prompts of {}", name.display(), tasks.len(), data.display()),
+                    ));
+                    rows.extend(budget);
                 }
                 _ => rows.extend(grove_trainer::bench::budget_arithmetic(shape, max_turns, max_new_tokens)),
             }

@@ -1,9 +1,9 @@
 //! `cargo xtask bench`: the project's headline figures, measured in one run, in one table. Builds
 //! the two binaries in release, runs `env-server bench --json` (steps over WebSocket against the
 //! HTTP `/retrieve` baseline, fork cost, BM25) and `trainer bench --json` on SmolLM2-135M-Instruct
-//! on the CPU (generation, training, KV-prefix reuse against re-encoding, and a real tree vs chain
-//! rollout through an env-server over mini-Wikipedia), then prints the table under a header
-//! naming the machine and writes it as markdown.
+//! on the CPU (generation, training, KV-prefix reuse against re-encoding), and a real tree vs chain
+//! rollout of a small tool-calling policy through an env-server over the synthetic world, then
+//! prints the table under a header naming the machine and writes it as markdown.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -39,9 +39,15 @@ pub struct BenchArgs {
     /// Turns of the KV-prefix reuse vs re-encoding baseline.
     #[arg(long, default_value_t = 4)]
     turns: usize,
-    /// FanOutQA prompts of the real tree vs chain rollout (0: the budget arithmetic instead).
-    #[arg(long, default_value_t = 2)]
+    /// Held-out synthetic questions of the real tree vs chain rollout (0: the budget arithmetic
+    /// instead).
+    #[arg(long, default_value_t = 16)]
     budget_prompts: usize,
+    /// Folder with the tool-calling policy of that rollout: `world/` (the synthetic world) and
+    /// `sft/` (a policy trained on it), the layout `cargo xtask demo` and `experiment` write.
+    /// Default: <target>/bench/policy, warm-started there (scripted play, SFT) when missing.
+    #[arg(long)]
+    policy_dir: Option<PathBuf>,
     /// Skip the trainer part (no libtorch, no model).
     #[arg(long)]
     skip_trainer: bool,
@@ -105,13 +111,18 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             }
             util::run_cmd(Command::new(&trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
         }
-        // The real tree vs chain rollout needs an env-server over mini-Wikipedia.
-        let corpus = grove_datasets::assets::wiki_summaries_corpus();
-        let server = if args.budget_prompts > 0 {
-            util::banner("env-server serve over mini-Wikipedia (for the tree vs chain rollout)");
-            let log = target.join("bench").join("env-server-wiki.log");
-            std::fs::create_dir_all(target.join("bench"))?;
-            Some(crate::demo::start_server(&env_server, &corpus, &log)?)
+        // The real tree vs chain rollout: a small policy that calls tools (SmolLM2-135M rarely
+        // does) on held-out questions of the synthetic world, through an env-server over its
+        // corpus.
+        let policy = if args.budget_prompts > 0 {
+            let dir = args.policy_dir.as_ref().map_or_else(|| target.join("bench").join("policy"), |d| root.join(d));
+            let ctx = crate::demo::Ctx::new(dir, trainer.clone(), env_server)?;
+            util::banner("env-server serve over the synthetic world (for the tree vs chain rollout)");
+            let server = ctx.world_server(50)?;
+            if !ctx.out.join("sft/model.safetensors").exists() {
+                ctx.warm_start(&server.url, 2, 2)?;
+            }
+            Some((server, ctx.out))
         } else {
             None
         };
@@ -127,18 +138,27 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             "--budget-prompts",
             &args.budget_prompts.to_string(),
         ]);
-        if let Some(s) = &server {
-            cmd.args(["--env", &s.url, "--data-source", "fanoutqa", "--only", "answer_in_passage", "--data"])
-                .arg(grove_datasets::assets::fanoutqa_dev());
+        if let Some((server, dir)) = &policy {
+            cmd.args(["--env", &server.url, "--data-source", "synthetic", "--data"])
+                .arg(dir.join("world/test.jsonl"))
+                .arg("--policy")
+                .arg(dir.join("sft"))
+                .arg("--prompt-template")
+                .arg(dir.join("world/prompt.txt"))
+                .args(["--topk", "1", "--temperature", "0.7", "--max-turns", "4", "--max-new-tokens", "48"]);
         }
         let mut trainer_rows = json_rows("trainer", &mut cmd)?;
-        drop(server);
+        drop(policy);
         if let Some(i) = trainer_rows.iter().position(|r| r.figure == "libtorch threads") {
             threads = trainer_rows.remove(i).value;
         }
         // The budget rows get their own section.
         for r in &mut trainer_rows {
-            if r.figure.starts_with("tree") || r.figure.starts_with("chain") || r.figure.starts_with("  tree") {
+            if r.figure.starts_with("tree")
+                || r.figure.starts_with("chain")
+                || r.figure.starts_with("  tree")
+                || r.figure == "rollout policy"
+            {
                 r.section = "budget";
             }
         }

@@ -125,18 +125,23 @@ fn read_report(path: &Path, pointer: &str) -> Result<Vec<ReportRow>> {
         .collect())
 }
 
-/// The built binaries and the output folder of a demo or experiment.
-struct Ctx {
-    out: PathBuf,
+/// The built binaries and the output folder of a demo, an experiment or the bench's policy.
+pub(crate) struct Ctx {
+    pub(crate) out: PathBuf,
     trainer: PathBuf,
     env_server: PathBuf,
 }
 
 impl Ctx {
+    /// A context on binaries already built.
+    pub(crate) fn new(out: PathBuf, trainer: PathBuf, env_server: PathBuf) -> Result<Ctx> {
+        std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+        Ok(Ctx { out, trainer, env_server })
+    }
+
     /// Setup (libtorch, assets), build the binaries, create `out`.
     fn prepare(root: &Path, out: &Path, release: bool) -> Result<Ctx> {
         let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
-        std::fs::create_dir_all(&out)?;
         util::banner("setup: libtorch and assets");
         crate::libtorch::ensure(root, crate::libtorch::Variant::Cpu)?;
         crate::assets::ensure_all(false)?;
@@ -147,7 +152,7 @@ impl Ctx {
         }
         util::run(root, "cargo", &build)?;
         let bins = target_dir(root)?.join(if release { "release" } else { "debug" });
-        Ok(Ctx { out, trainer: bins.join("trainer"), env_server: bins.join("env-server") })
+        Ctx::new(out, bins.join("trainer"), bins.join("env-server"))
     }
 
     /// Run `trainer` in the output folder.
@@ -156,7 +161,7 @@ impl Ctx {
     }
 
     /// Write the synthetic world (unless present) and serve its corpus.
-    fn world_server(&self, test_questions: usize) -> Result<Server> {
+    pub(crate) fn world_server(&self, test_questions: usize) -> Result<Server> {
         if !self.out.join("world/world.toml").exists() {
             util::banner("synthetic world: corpus, training and held-out 2/3-hop questions");
             let test = test_questions.to_string();
@@ -173,7 +178,7 @@ impl Ctx {
 
     /// Scripted trajectories through the env-server, a BPE tokenizer and small Qwen2 from
     /// scratch, SFT: writes `<out>/sft`.
-    fn warm_start(&self, env: &str, passes: usize, epochs: usize) -> Result<()> {
+    pub(crate) fn warm_start(&self, env: &str, passes: usize, epochs: usize) -> Result<()> {
         util::banner("warm start: scripted agent through the env-server, BPE tokenizer, small Qwen2, SFT");
         let passes = passes.to_string();
         self.trainer(&[
