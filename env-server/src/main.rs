@@ -153,6 +153,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    grove_env_server::metrics::report_heap_bytes(alloc_counter::allocated);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),

@@ -2,10 +2,22 @@
 //! `GET /metrics`. Updated from the sim thread and the net layer without locks.
 
 use std::fmt::Write;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use grove_protocol::ErrorCode;
+
+/// Live heap bytes of this process, when the binary counts them (the `env-server` binary wraps
+/// the system allocator with a counter); `None` in a library user that does not.
+static HEAP_BYTES: OnceLock<fn() -> usize> = OnceLock::new();
+
+/// Report the process's live heap bytes in `/metrics` as `grove_heap_live_bytes`: set once by a
+/// binary whose global allocator counts them. Against RSS it tells a leak (heap grows) from
+/// allocator fragmentation (heap flat, RSS creeping).
+pub fn report_heap_bytes(live: fn() -> usize) {
+    let _ = HEAP_BYTES.set(live);
+}
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -91,6 +103,14 @@ impl Metrics {
             "Latency of one search batch at its backend.",
         );
         self.step_latency.render(&mut out, "grove_step_latency_seconds", "Time a Step request spends in the server.");
+        if let Some(live) = HEAP_BYTES.get() {
+            let _ = writeln!(
+                out,
+                "# HELP grove_heap_live_bytes Heap bytes allocated and not yet freed by this process.\n\
+                 # TYPE grove_heap_live_bytes gauge\ngrove_heap_live_bytes {}",
+                live()
+            );
+        }
         out
     }
 }

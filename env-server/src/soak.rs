@@ -1,7 +1,7 @@
 //! `env-server soak`: start a server as a separate process over the synthetic world, keep about
 //! `--episodes` episodes live on it (stepping with real searches, forking, answering, closing and
-//! replacing them) for `--minutes`, and print the server's RSS and the step latency over time.
-//! Fails when RSS grows after warm-up or when any request errors.
+//! replacing them) for `--minutes`, and print the server's RSS, its live heap and the step latency
+//! over time. Fails when RSS or the heap grows after warm-up or when any request errors.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -196,6 +196,7 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     let mut server = start_server(&corpus, &config, addr)?;
     wait_ready(&mut server, addr, Duration::from_secs(300)).await?;
     let pid = server.pid();
+    let heap_idle = heap_bytes(addr).await;
     eprintln!(
         "soak: server pid {pid} on {addr}, {} passages, {} episodes over {} connections, {:.1} min (warm-up {:.1} min)",
         world.passages.len(),
@@ -233,12 +234,14 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         loops.push(tokio::spawn(episode_loop(client, shared, seed, think)));
     }
 
-    // Report: RSS sampled every second, a line every interval.
+    // Report: RSS sampled every second, the server's live heap (its `/metrics`) and a line every
+    // interval.
     println!(
-        "{:>8} {:>9} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6}",
-        "elapsed", "rss_MB", "live", "steps/s", "forks/s", "p50_ms", "p99_ms", "max_ms", "errors"
+        "{:>8} {:>9} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6}",
+        "elapsed", "rss_MB", "heap_MB", "live", "steps/s", "forks/s", "p50_ms", "p99_ms", "max_ms", "errors"
     );
     let mut samples: Vec<(Duration, u64)> = Vec::new();
+    let mut heap_samples: Vec<(Duration, u64)> = Vec::new();
     let mut warm_rss: Option<u64> = None;
     let interval = Duration::from_secs_f64(args.interval_secs);
     let mut next_line = interval;
@@ -260,6 +263,10 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
             warm_rss = Some(rss);
         }
         if now >= next_line || now >= total {
+            let heap = heap_bytes(addr).await;
+            if let Some(h) = heap {
+                heap_samples.push((now, h));
+            }
             let live = tokio::time::timeout(Duration::from_secs(5), clients[0].stats()).await;
             let live = match live {
                 Ok(Ok(s)) => s.episodes_live.to_string(),
@@ -281,9 +288,10 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
                 lat.get(((lat.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |&us| f64::from(us) / 1e3)
             };
             println!(
-                "{:>7.0}s {:>9.1} {:>6} {:>8.0} {:>8.0} {:>8.2} {:>8.2} {:>8.2} {:>6}",
+                "{:>7.0}s {:>9.1} {:>8} {:>6} {:>8.0} {:>8.0} {:>8.2} {:>8.2} {:>8.2} {:>6}",
                 now.as_secs_f64(),
                 mb(rss),
+                heap.map_or_else(|| "?".into(), |h| format!("{:.1}", mb(h))),
                 live,
                 (steps - last_steps) as f64 / dt,
                 (forks - last_forks) as f64 / dt,
@@ -320,6 +328,7 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     let stats = tokio::time::timeout(Duration::from_secs(5), clients[0].stats()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_closed = rss_bytes(pid).unwrap_or_default();
+    let heap_closed = heap_bytes(addr).await;
     drop(clients);
     drop(server);
 
@@ -333,7 +342,17 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     let last_third = total.mul_f64(2.0 / 3.0);
     let tail_max = samples.iter().filter(|s| s.0 >= last_third).map(|s| s.1).max().unwrap_or(end);
     let allowed = (warm as f64 * 1.10).max(warm as f64 + 20.0 * 1024.0 * 1024.0);
-    let flat = (tail_max as f64) <= allowed;
+    let flat_rss = (tail_max as f64) <= allowed;
+    // The same rule on the live heap: RSS can creep with allocator fragmentation while the heap
+    // stays flat; a leak grows both.
+    let heap_warm = heap_samples.iter().find(|s| s.0 >= warmup).map(|s| s.1);
+    let heap_tail_max = heap_samples.iter().filter(|s| s.0 >= last_third).map(|s| s.1).max();
+    let heap_allowed = heap_warm.map(|w| (w as f64 * 1.10).max(w as f64 + 20.0 * 1024.0 * 1024.0));
+    let flat_heap = match (heap_tail_max, heap_allowed) {
+        (Some(max), Some(allowed)) => (max as f64) <= allowed,
+        _ => true,
+    };
+    let flat = flat_rss && flat_heap;
     let wall = started.elapsed().as_secs_f64();
 
     println!("\nsoak summary ({:.1} min, {} episodes, {} connections)", args.minutes, args.episodes, args.connections);
@@ -346,6 +365,25 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         mb(allowed as u64)
     );
     println!("  RSS after closing every episode    {:>9.1} MB", mb(rss_closed));
+    match (heap_warm, heap_tail_max, heap_allowed) {
+        (Some(w), Some(max), Some(allowed)) => {
+            println!("  live heap after warm-up            {:>9.1} MB", mb(w));
+            println!(
+                "  max live heap, last third          {:>9.1} MB  ({:.3}x warm-up; allowed {:.1} MB)",
+                mb(max),
+                max as f64 / w as f64,
+                mb(allowed as u64)
+            );
+        }
+        _ => println!("  live heap: not reported by the server (its /metrics has no grove_heap_live_bytes)"),
+    }
+    if let (Some(idle), Some(closed)) = (heap_idle, heap_closed) {
+        println!(
+            "  live heap before the first episode {:>9.1} MB; after closing every episode {:.1} MB",
+            mb(idle),
+            mb(closed)
+        );
+    }
     match stats {
         Ok(Ok(s)) => println!(
             "  server after close: episodes_live {} (created {}, closed {}, reaped {}), steps {}, forks {}",
@@ -362,9 +400,16 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         println!("    error: {s}");
     }
     println!(
-        "  rule: flat when the max RSS of the last third <= max(1.10 x, +20 MB) the RSS at the end of the warm-up"
+        "  rule: flat when the max RSS (and live heap) of the last third <= max(1.10 x, +20 MB) its value at the end of the warm-up"
     );
     println!("  RSS flat after warm-up: {}", if flat { "yes" } else { "no" });
+    if !flat_heap {
+        bail!(
+            "the live heap grew after warm-up: {:.1} MB -> max {:.1} MB in the last third",
+            mb(heap_warm.unwrap_or_default()),
+            mb(heap_tail_max.unwrap_or_default())
+        );
+    }
     if !flat {
         bail!("RSS grew after warm-up: {:.1} MB -> max {:.1} MB in the last third", mb(warm), mb(tail_max));
     }
@@ -372,6 +417,23 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         bail!("{errors} requests failed during the soak");
     }
     Ok(())
+}
+
+/// The server's live heap bytes, from the `grove_heap_live_bytes` line of its `/metrics` (one
+/// HTTP/1.1 request on a fresh connection); `None` when it does not report them or does not
+/// answer within 5 s.
+async fn heap_bytes(addr: SocketAddr) -> Option<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut reply = Vec::new();
+        stream.take(1 << 20).read_to_end(&mut reply).await.ok()?;
+        let text = String::from_utf8_lossy(&reply);
+        text.lines().find_map(|l| l.strip_prefix("grove_heap_live_bytes ")).and_then(|v| v.trim().parse().ok())
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch).await.ok().flatten()
 }
 
 /// A loopback port that was free a moment ago.

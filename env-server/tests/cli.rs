@@ -144,7 +144,16 @@ async fn tokens_and_keys_never_reach_the_logs() {
     let metrics = format!("http://127.0.0.1:{port}/metrics");
     assert_eq!(http.get(&metrics).send().await.unwrap().status().as_u16(), 401);
     assert_eq!(http.get(&metrics).bearer_auth(WRONG).send().await.unwrap().status().as_u16(), 401);
-    assert_eq!(http.get(&metrics).bearer_auth(TOKEN).send().await.unwrap().status().as_u16(), 200);
+    let reply = http.get(&metrics).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(reply.status().as_u16(), 200);
+    // The binary counts its heap and reports it (the soak compares it with RSS).
+    let text = reply.text().await.unwrap();
+    let heap: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("grove_heap_live_bytes "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no grove_heap_live_bytes in\n{text}"));
+    assert!(heap > 100_000, "live heap {heap} bytes");
     let c = Client::connect(&url, with(TOKEN)).await.unwrap();
     let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
     let obs = c.step_text(ep.episode, "<search> anything </search>").await.unwrap();
