@@ -6,6 +6,7 @@
 
 mod flashrag;
 mod searchr1;
+mod thrift_check;
 mod wiki18;
 
 use std::io::{BufRead, BufReader, BufWriter, Write};

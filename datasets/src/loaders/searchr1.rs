@@ -29,7 +29,9 @@ pub fn load_searchr1_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaE
 }
 
 fn read_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaExample>> {
-    let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
+    let mut file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
+    super::thrift_check::check_parquet_footer(&mut file)
+        .map_err(|e| DatasetError::format(path, format!("not a readable parquet file: {e}")))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.build())
         .map_err(|e| DatasetError::format(path, format!("not a readable parquet file: {e}")))?;
