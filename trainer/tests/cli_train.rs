@@ -1,9 +1,11 @@
 //! `trainer train --config` and `trainer eval` as a user runs them: a tiny model folder, QA JSONL
 //! files, an env-server on loopback; training writes metrics, evaluations and checkpoints, and
-//! `--resume` continues from the latest checkpoint.
+//! `--resume` continues from the latest checkpoint. `trainer eval --policy openai|direct-openai`
+//! against a loopback server speaking `/v1/chat/completions`.
 
+use std::io::{BufRead, Read, Write};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 mod common;
 
@@ -12,6 +14,16 @@ use grove_env_server::config::ServerConfig;
 use grove_env_server::search::LocalIndex;
 use grove_env_server::{Backends, run};
 
+/// An env-server over `corpus` on loopback, served by the returned runtime; its `ws://` URL.
+fn env_server(corpus: &std::path::Path) -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let index = LocalIndex::open_or_build(corpus, None, &mut |_| {}).unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("ws://{}/", listener.local_addr().unwrap());
+    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
+    (rt, url)
+}
+
 #[test]
 fn train_resume_and_eval_from_the_command_line() {
     let work = tempfile::tempdir().unwrap();
@@ -19,11 +31,7 @@ fn train_resume_and_eval_from_the_command_line() {
     tiny_model_folder(&model);
     let (corpus, data) = world_files(work.path());
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let index = LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
+    let (_rt, url) = env_server(&corpus);
 
     let out = work.path().join("run");
     let config = work.path().join("train.toml");
@@ -200,4 +208,128 @@ fn sft_learns_the_actions_and_masks_the_observations() {
     // A broken line is reported with its line number.
     std::fs::write(&data, format!("{}\n{{\"prompt\": 1}}\n", lines[0])).unwrap();
     assert!(load_trajectories(&data).unwrap_err().to_string().contains("sft.jsonl:2"));
+}
+
+/// What the loopback OpenAI-compatible server saw: each request's `Authorization` header and body.
+type Seen = Arc<Mutex<Vec<(Option<String>, serde_json::Value)>>>;
+
+/// A loopback `/v1/chat/completions` server that answers every question it knows at once and
+/// right (`<answer> A `, the stop string stripped as vLLM does), one thread per connection.
+fn fake_openai(answers: Vec<(String, String)>) -> (String, Seen) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let (answers, log) = (answers.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let (mut path, mut auth, mut len, mut line) = (String::new(), None, 0usize, String::new());
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let l = line.trim_end();
+                    if l.is_empty() {
+                        break;
+                    }
+                    if path.is_empty() {
+                        path = l.split_whitespace().nth(1).unwrap_or_default().to_string();
+                    } else if let Some((k, v)) = l.split_once(':') {
+                        match k.to_ascii_lowercase().as_str() {
+                            "content-length" => len = v.trim().parse().unwrap_or(0),
+                            "authorization" => auth = Some(v.trim().to_string()),
+                            _ => {}
+                        }
+                    }
+                }
+                let mut body = vec![0; len];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let prompt = req["messages"][0]["content"].as_str().unwrap_or_default().to_string();
+                let answer = answers.iter().find(|(q, _)| prompt.contains(q.as_str())).map_or("?", |(_, a)| a.as_str());
+                let (status, text) = if path == "/v1/chat/completions" {
+                    let choice = serde_json::json!({"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": format!("<answer> {answer} ")}});
+                    (
+                        200,
+                        serde_json::json!({"id": "c1", "object": "chat.completion", "model": req["model"],
+                        "choices": [choice], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+                    )
+                } else {
+                    (404, serde_json::json!({"error": {"message": format!("no route {path}")}}))
+                };
+                log.lock().unwrap().push((auth, req));
+                let text = text.to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[test]
+fn eval_against_an_openai_compatible_server_from_the_command_line() {
+    const KEY: &str = "sk-grove-cli-test-5b1f0e";
+    let work = tempfile::tempdir().unwrap();
+    let (corpus, data) = world_files(work.path());
+    let (_rt, env) = env_server(&corpus);
+    let questions =
+        grove_datasets::loaders::load_qa_jsonl(&data, "qa", None, grove_datasets::OnBadRow::Fail).unwrap().items;
+    let answers: Vec<_> = questions.iter().map(|q| (q.question.clone(), q.golden_answers[0].clone())).collect();
+    let (base_url, seen) = fake_openai(answers);
+    let bin = env!("CARGO_BIN_EXE_trainer");
+
+    for (policy, max_turns) in [("direct-openai", "1"), ("openai", "3")] {
+        seen.lock().unwrap().clear();
+        let report = work.path().join(format!("{policy}.json"));
+        let out = Command::new(bin)
+            .args(["eval", "--policy", policy, "--model-name", "oracle", "--base-url", &base_url, "--env", &env])
+            .args(["--max-turns", max_turns, "--max-new-tokens", "32", "--concurrency", "2", "--retries", "0"])
+            .args(["--timeout-s", "20", "--data"])
+            .arg(&data)
+            .arg("--json")
+            .arg(&report)
+            .env("OPENAI_API_KEY", KEY)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{policy}: {stderr}");
+        assert!(!stdout.contains(KEY) && !stderr.contains(KEY), "{policy}: the API key was printed");
+        assert!(stdout.contains("synthetic_2hop"), "{policy}: {stdout}");
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(report["all"]["questions"], questions.len(), "{policy}: {report}");
+        assert_eq!(report["all"]["score"], 1.0, "{policy}: {report}");
+        assert_eq!(report["all"]["tool_calls_per_question"], 0.0, "{policy}: {report}");
+        // One call per question, with the flags' values and the key as a bearer token.
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), questions.len(), "{policy}");
+        for (auth, req) in seen.iter() {
+            assert_eq!(auth.as_deref(), Some(format!("Bearer {KEY}").as_str()), "{policy}");
+            assert_eq!(req["model"], "oracle", "{policy}");
+            assert_eq!(req["max_tokens"], 32, "{policy}");
+            assert_eq!(req["temperature"], 0.0, "{policy}: greedy unless --sampled");
+            let prompt = req["messages"][0]["content"].as_str().unwrap();
+            assert_eq!(prompt.contains("without searching"), policy == "direct-openai", "{policy}: {prompt}");
+        }
+    }
+
+    // An openai policy needs a served model's name; the error says so.
+    let out = Command::new(bin)
+        .args(["eval", "--policy", "openai", "--base-url", &base_url, "--env", &env, "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--policy openai / direct-openai needs --model NAME"), "{stderr}");
 }
