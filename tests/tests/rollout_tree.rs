@@ -159,3 +159,58 @@ fn budget_of_tree_and_chain_rollouts() {
     assert!(table.contains("tree (2,2,1,3)") && table.contains("chain n=4"), "{table}");
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
 }
+
+/// `run_many` rolls several prompts out together: one engine batch per turn across all of them,
+/// every prompt's trees built from its own episodes (and forks of them), the same shape as `run`.
+#[test]
+fn prompts_rolled_out_together_keep_their_own_trees() {
+    let tok = Tokenizer::from_dir(&assets::qwen25_tokenizer_dir()).unwrap();
+    let (_vs, lm) = tiny_policy(tok.vocab_size());
+    let world = World::generate(&WorldConfig::default());
+    let srv = WorldServer::start(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let tasks: Vec<_> = world.questions(2, 3, 5).iter().map(task_of).collect();
+    let config = AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 32,
+        sampling: SamplingParams { max_new_tokens: 8, top_p: 1.0, ..SamplingParams::default() },
+        ..AgentConfig::default()
+    };
+    let shape = TreeShape { m: 2, n: 2, l: 1, k: 3 };
+    let mut engine = Engine::new(&lm);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
+    let rollouts = r.run_many(&tasks, shape, &mut rng).unwrap();
+    assert_eq!(r.cost.forks, (tasks.len() * shape.m * shape.n * shape.l) as u64);
+    assert_eq!(rollouts.len(), tasks.len());
+    for (task, rollout) in tasks.iter().zip(&rollouts) {
+        assert!(tok.decode(&rollout.prompt_tokens, false).unwrap().contains(&task.question));
+        assert_eq!(rollout.trees.len(), shape.m);
+        assert_eq!(rollout.episodes.len(), shape.m * (1 + shape.n * shape.l));
+        for tree in &rollout.trees {
+            assert_eq!(tree.leaves().len(), 1 + shape.n * shape.l);
+        }
+        // Every episode of this prompt, created or forked, holds this prompt's task.
+        for &episode in &rollout.episodes {
+            let t = env.block_on(env.client().transcript(episode)).unwrap();
+            assert_eq!(t.task.question, task.question);
+        }
+        for tree in &rollout.trees {
+            for id in 0..tree.len() {
+                if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
+                    assert!(rollout.episodes.contains(&step.episode), "a step in another prompt's episode");
+                }
+            }
+        }
+    }
+    // Generations ran across the prompts: a turn of the 3 x 2 first chains is one batch, so the
+    // mean batch is above what one prompt's M = 2 chains could make.
+    let stats = engine.stats;
+    assert!(stats.generate_calls <= 2 * (u64::from(config.max_turns) + 1), "{stats:?}");
+    assert!(stats.generated_sequences as f64 / stats.generate_calls as f64 > shape.m as f64, "{stats:?}");
+    for rollout in &rollouts {
+        rollout.release(&mut engine);
+        env.close(rollout.episodes.clone()).unwrap();
+    }
+    assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+}

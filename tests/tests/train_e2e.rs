@@ -32,6 +32,7 @@ fn tasks(world: &World) -> Vec<grove_protocol::TaskSpec> {
 fn step_config(shape: TreeShape, estimator: Estimator) -> StepConfig {
     StepConfig {
         prompts_per_step: 2,
+        rollout_batch_prompts: 0,
         shape,
         estimator,
         agent: AgentConfig {

@@ -249,6 +249,9 @@ pub fn budget_rows(
     let tree_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0)?;
     let tree_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
+    let (batched_row, batched_stats) = crate::budget::measure_batched(model, tok, env, tasks, agent, tree, 0)?;
+    let batched_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let chain_row = crate::budget::measure(model, tok, env, tasks, agent, TreeShape::chain(chain_n), 0)?;
     let chain_secs = t.elapsed().as_secs_f64();
     let p = tasks.len().max(1) as f64;
@@ -288,6 +291,22 @@ pub fn budget_rows(
             ),
         ));
     }
+    let rate = |r: &crate::budget::BudgetRow, secs: f64| r.generated_tokens as f64 / secs.max(1e-9);
+    rows.push(BenchRow::new(
+        format!("{}: rollout, all prompts batched", tree_row.label),
+        format!("{:.1}", rate(&batched_row, batched_secs)),
+        "tokens/s",
+        format!(
+            "generated; {batched_secs:.1} s, mean batch {:.1} sequences",
+            batched_stats.generated_sequences as f64 / batched_stats.generate_calls.max(1) as f64
+        ),
+    ));
+    rows.push(BenchRow::new(
+        format!("  {}: batched vs one prompt at a time", tree_row.label),
+        format!("{:.2}x", rate(&batched_row, batched_secs) / rate(&tree_row, tree_secs).max(1e-9)),
+        "ratio",
+        format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(&tree_row, tree_secs)),
+    ));
     let per_traj = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / (r.trajectories_per_prompt * p).max(1e-9);
     rows.push(BenchRow::new(
         format!("  {} vs {}: generated tokens per trajectory", tree_row.label, chain_row.label),

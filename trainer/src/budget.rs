@@ -40,7 +40,8 @@ fn reencode_cost(r: &PromptRollout) -> u64 {
         .sum()
 }
 
-/// Run `shape` on every task and report its cost (labelled `tree (M,N,L,k)` or `chain n=…`).
+/// Run `shape` on every task, one task at a time, and report its cost (labelled
+/// `tree (M,N,L,k)` or `chain n=…`).
 pub fn measure(
     model: &CausalLm,
     tok: &Tokenizer,
@@ -50,6 +51,34 @@ pub fn measure(
     shape: TreeShape,
     seed: u64,
 ) -> Result<BudgetRow, RolloutError> {
+    measure_with(model, tok, env, tasks, agent, shape, seed, false).map(|(row, _)| row)
+}
+
+/// [`measure`] with every task rolled out together ([`Rollout::run_many`]): each turn of every
+/// prompt's chains is one engine batch. Also returns the engine's counters (mean batch size).
+pub fn measure_batched(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    shape: TreeShape,
+    seed: u64,
+) -> Result<(BudgetRow, crate::generate::EngineStats), RolloutError> {
+    measure_with(model, tok, env, tasks, agent, shape, seed, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure_with(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    shape: TreeShape,
+    seed: u64,
+    batched: bool,
+) -> Result<(BudgetRow, crate::generate::EngineStats), RolloutError> {
     let label = if shape.n == 0 {
         format!("chain n={}", shape.m)
     } else {
@@ -68,20 +97,23 @@ pub fn measure(
         reencode_prefill_tokens: 0,
     };
     let mut leaves = 0usize;
-    for task in tasks {
+    let batches: Vec<&[grove_protocol::TaskSpec]> = if batched { vec![tasks] } else { tasks.chunks(1).collect() };
+    for batch in batches {
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
-        let rollout = r.run(task, shape, &mut rng)?;
+        let rollouts = r.run_many(batch, shape, &mut rng)?;
         let cost = r.cost;
         row.tool_calls += cost.tool_calls;
         row.generated_tokens += cost.generated_tokens;
         row.prefill_tokens += cost.prefill_tokens;
-        row.reencode_prefill_tokens += reencode_cost(&rollout);
-        leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
-        rollout.release(&mut engine);
-        env.close(rollout.episodes.clone())?;
+        for rollout in rollouts {
+            row.reencode_prefill_tokens += reencode_cost(&rollout);
+            leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
+            rollout.release(&mut engine);
+            env.close(rollout.episodes.clone())?;
+        }
     }
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
-    Ok(row)
+    Ok((row, engine.stats))
 }
 
 pub fn format_rows(rows: &[BudgetRow]) -> String {

@@ -76,6 +76,10 @@ pub struct EngineStats {
     pub prefill_tokens: u64,
     /// Tokens sampled.
     pub generated_tokens: u64,
+    /// Calls of [`Engine::generate`], and the sequences they decoded together (their ratio is
+    /// the mean batch size).
+    pub generate_calls: u64,
+    pub generated_sequences: u64,
 }
 
 #[derive(Debug)]
@@ -229,6 +233,8 @@ impl<'m> Engine<'m> {
             }
             self.prefill(s)?;
         }
+        self.stats.generate_calls += 1;
+        self.stats.generated_sequences += seqs.len() as u64;
         let device = self.device();
         let mut results: HashMap<SeqId, Generation> = HashMap::new();
         if params.max_new_tokens == 0 {

@@ -20,7 +20,9 @@ use crate::algo::update::{UpdateConfig, UpdateStats, ppo_update};
 use crate::generate::Engine;
 use crate::model::{CausalLm, save_model};
 use crate::optim::AdamW;
-use crate::rollout::agent::{AgentConfig, EnvClient, Rollout, RolloutCost, RolloutError, TreeShape, training_rows};
+use crate::rollout::agent::{
+    AgentConfig, EnvClient, PromptRollout, Rollout, RolloutCost, RolloutError, TrainingRow, TreeShape, training_rows,
+};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,8 @@ pub enum TrainError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepConfig {
     pub prompts_per_step: usize,
+    /// Prompts rolled out together, their generations batched (0: all prompts of a step).
+    pub rollout_batch_prompts: usize,
     pub shape: TreeShape,
     pub estimator: Estimator,
     pub agent: AgentConfig,
@@ -111,49 +115,37 @@ pub fn train_step(
     let mut cost = RolloutCost::default();
     let mut metric_sum = 0.0;
     let mut mismatches = 0u64;
+    let prompts = prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step);
+    // Per prompt of the step, its training rows (kept in prompt order whatever the batching).
+    let mut per_prompt: Vec<Vec<TrainingRow>> = vec![Vec::new(); prompts.len()];
     {
         let mut engine = Engine::new(policy);
-        for (p, &task) in prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step).iter().enumerate() {
-            // Prompts are sharded over the env-servers; a prompt's forks stay on its server.
-            let env = &envs[p % envs.len()];
-            let mut r = Rollout { engine: &mut engine, tok, env, config: &cfg.agent, cost: RolloutCost::default() };
-            let rollout = r.run(&tasks[task], cfg.shape, &mut rng)?;
-            let c = r.cost;
-            cost.generated_tokens += c.generated_tokens;
-            cost.prefill_tokens += c.prefill_tokens;
-            cost.tool_calls += c.tool_calls;
-            cost.forks += c.forks;
-            let k = if cfg.shape.n == 0 { 1 } else { cfg.shape.k };
-            let prompt_rows = training_rows(&rollout, k, p, cfg.agent.max_response_tokens, &mut rng)?;
-            for tree in &rollout.trees {
-                for leaf in tree.leaves() {
-                    let path = tree.path(leaf);
-                    let server = path.last().and_then(|s| s.metric).unwrap_or(0.0);
-                    metric_sum += server;
-                    let tokens: Vec<u32> =
-                        path.iter().flat_map(|s| s.response.iter().chain(&s.observation)).copied().collect();
-                    let text = tok.decode(&tokens, true).map_err(RolloutError::from)?;
-                    let metric = match tasks[task].metric {
-                        Some(grove_protocol::Metric::F1) => grove_datasets::Metric::F1,
-                        Some(grove_protocol::Metric::Em) => grove_datasets::Metric::Em,
-                        None => grove_datasets::metric_for_source(&tasks[task].data_source),
-                    };
-                    let local = grove_datasets::metrics::compute_reward(
-                        grove_datasets::metrics::Scored::Response(&text),
-                        &tasks[task].golden_answers,
-                        metric,
-                        grove_datasets::metrics::RewardConfig::VALIDATION,
-                    );
-                    if (local.metric_value - server).abs() > 1e-9 {
-                        mismatches += 1;
-                    }
+        // Prompts are sharded over the env-servers (a prompt's forks stay on its server), and
+        // each server's prompts are rolled out in batches whose generations run together.
+        for (e, env) in envs.iter().enumerate() {
+            let mine: Vec<(usize, usize)> =
+                prompts.iter().copied().enumerate().filter(|(p, _)| p % envs.len() == e).collect();
+            let batch = if cfg.rollout_batch_prompts == 0 { mine.len() } else { cfg.rollout_batch_prompts };
+            for chunk in mine.chunks(batch.max(1)) {
+                let batch_tasks: Vec<_> = chunk.iter().map(|&(_, t)| tasks[t].clone()).collect();
+                let mut r = Rollout { engine: &mut engine, tok, env, config: &cfg.agent, cost: RolloutCost::default() };
+                let rollouts = r.run_many(&batch_tasks, cfg.shape, &mut rng)?;
+                let c = r.cost;
+                cost.generated_tokens += c.generated_tokens;
+                cost.prefill_tokens += c.prefill_tokens;
+                cost.tool_calls += c.tool_calls;
+                cost.forks += c.forks;
+                for (&(p, task), rollout) in chunk.iter().zip(rollouts) {
+                    let k = if cfg.shape.n == 0 { 1 } else { cfg.shape.k };
+                    per_prompt[p] = training_rows(&rollout, k, p, cfg.agent.max_response_tokens, &mut rng)?;
+                    mismatches += check_rewards(tok, &tasks[task], &rollout, &mut metric_sum)?;
+                    rollout.release(&mut engine);
+                    env.close(rollout.episodes.clone())?;
                 }
             }
-            rows.extend(prompt_rows);
-            rollout.release(&mut engine);
-            env.close(rollout.episodes.clone())?;
         }
     }
+    rows.extend(per_prompt.into_iter().flatten());
     let rollout_seconds = started.elapsed().as_secs_f64();
     let rewards: Vec<f64> = rows.iter().map(|r| r.reward).collect();
     let prompt_groups: Vec<usize> = rows.iter().map(|r| r.prompt_group).collect();
@@ -183,6 +175,42 @@ pub fn train_step(
         rollout_seconds,
         update_seconds: t.elapsed().as_secs_f64(),
     })
+}
+
+/// Recompute each leaf's answer metric from its decoded tokens with the `datasets` reward
+/// functions and count the leaves where it differs from the env-server's (adding the server's to
+/// `metric_sum`).
+fn check_rewards(
+    tok: &Tokenizer,
+    task: &grove_protocol::TaskSpec,
+    rollout: &PromptRollout,
+    metric_sum: &mut f64,
+) -> Result<u64, TrainError> {
+    let metric = match task.metric {
+        Some(grove_protocol::Metric::F1) => grove_datasets::Metric::F1,
+        Some(grove_protocol::Metric::Em) => grove_datasets::Metric::Em,
+        None => grove_datasets::metric_for_source(&task.data_source),
+    };
+    let mut mismatches = 0;
+    for tree in &rollout.trees {
+        for leaf in tree.leaves() {
+            let path = tree.path(leaf);
+            let server = path.last().and_then(|s| s.metric).unwrap_or(0.0);
+            *metric_sum += server;
+            let tokens: Vec<u32> = path.iter().flat_map(|s| s.response.iter().chain(&s.observation)).copied().collect();
+            let text = tok.decode(&tokens, true).map_err(RolloutError::from)?;
+            let local = grove_datasets::metrics::compute_reward(
+                grove_datasets::metrics::Scored::Response(&text),
+                &task.golden_answers,
+                metric,
+                grove_datasets::metrics::RewardConfig::VALIDATION,
+            );
+            if (local.metric_value - server).abs() > 1e-9 {
+                mismatches += 1;
+            }
+        }
+    }
+    Ok(mismatches)
 }
 
 /// Append one JSON line to `metrics.jsonl` in `dir`.
@@ -314,6 +342,9 @@ pub struct TrainConfig {
     pub out_dir: PathBuf,
     pub steps: u64,
     pub prompts_per_step: usize,
+    /// Prompts rolled out together with their generations batched (0: all prompts of a step):
+    /// bounds the engine's batch at this many x M x N sequences.
+    pub rollout_batch_prompts: usize,
     /// `tree` or `chain`.
     pub method: String,
     pub m: usize,
@@ -365,6 +396,7 @@ impl Default for TrainConfig {
             out_dir: PathBuf::from("runs/default"),
             steps: 180,
             prompts_per_step: 512,
+            rollout_batch_prompts: 32,
             method: "tree".into(),
             m: 2,
             n: 2,
@@ -412,6 +444,7 @@ impl TrainConfig {
         };
         StepConfig {
             prompts_per_step: self.prompts_per_step,
+            rollout_batch_prompts: self.rollout_batch_prompts,
             shape,
             estimator: self.estimator,
             agent: self.agent(),

@@ -234,8 +234,10 @@ impl TreeShape {
     }
 }
 
-/// A chain being continued: its engine sequence, env episode and turns so far.
+/// A chain being continued: its prompt (in a batch of prompts) and tree, engine sequence, env
+/// episode and turns so far.
 struct Row {
+    prompt: usize,
     tree: usize,
     parent: NodeId,
     seq: SeqId,
@@ -326,39 +328,66 @@ impl Rollout<'_, '_> {
         shape: TreeShape,
         rng: &mut impl Rng,
     ) -> Result<PromptRollout, RolloutError> {
+        let mut out = self.run_many(std::slice::from_ref(task), shape, rng)?;
+        Ok(out.remove(0))
+    }
+
+    /// Tree rollouts for several tasks at once, one [`PromptRollout`] per task in order: every
+    /// generation is batched across all the tasks' chains (M per task at first, then the N picks
+    /// of every tree in each of the L rounds), so the engine sees batches of
+    /// `tasks.len() x M` and `tasks.len() x M x N` sequences instead of M and M x N.
+    pub fn run_many(
+        &mut self,
+        tasks: &[TaskSpec],
+        shape: TreeShape,
+        rng: &mut impl Rng,
+    ) -> Result<Vec<PromptRollout>, RolloutError> {
         let before = self.engine.stats;
-        let starts = self.env.create(vec![task.clone(); shape.m], self.config)?;
-        let prompt_text = self.tok.apply_chat_template(
-            &[ChatMessage::new("user", starts.first().map(|s| s.1.clone()).unwrap_or_default())],
-            true,
-        )?;
-        let prompt_tokens = self.tok.encode(&prompt_text)?;
-        let mut trees: Vec<Tree<StepRecord>> = (0..shape.m).map(|_| Tree::new()).collect();
-        let mut episodes: Vec<EpisodeId> = starts.iter().map(|s| s.0).collect();
-        let mut roots = Vec::with_capacity(shape.m);
-        let mut rows = Vec::with_capacity(shape.m);
-        for (t, (episode, _)) in starts.iter().enumerate() {
-            let seed = rng.random::<u64>();
-            let root = self.engine.add(prompt_tokens.clone(), seed)?;
-            roots.push((root, *episode));
-            let seq = self.engine.fork(root, 1)?[0];
-            rows.push(Row { tree: t, parent: Tree::<StepRecord>::ROOT, seq, episode: *episode, steps: Vec::new() });
+        let creates: Vec<TaskSpec> = tasks.iter().flat_map(|t| std::iter::repeat_n(t.clone(), shape.m)).collect();
+        let starts = self.env.create(creates, self.config)?;
+        let mut prompts = Vec::with_capacity(tasks.len());
+        let mut trees: Vec<Vec<Tree<StepRecord>>> = Vec::with_capacity(tasks.len());
+        let mut episodes: Vec<Vec<EpisodeId>> = Vec::with_capacity(tasks.len());
+        let mut roots: Vec<Vec<(SeqId, EpisodeId)>> = Vec::with_capacity(tasks.len());
+        let mut rows = Vec::with_capacity(starts.len());
+        for p in 0..tasks.len() {
+            let mine = starts.get(p * shape.m..(p + 1) * shape.m).unwrap_or_default();
+            let prompt_text = self.tok.apply_chat_template(
+                &[ChatMessage::new("user", mine.first().map(|s| s.1.clone()).unwrap_or_default())],
+                true,
+            )?;
+            let prompt_tokens = self.tok.encode(&prompt_text)?;
+            let mut prompt_roots = Vec::with_capacity(shape.m);
+            for (t, (episode, _)) in mine.iter().enumerate() {
+                let seed = rng.random::<u64>();
+                let root = self.engine.add(prompt_tokens.clone(), seed)?;
+                prompt_roots.push((root, *episode));
+                let seq = self.engine.fork(root, 1)?[0];
+                let parent = Tree::<StepRecord>::ROOT;
+                rows.push(Row { prompt: p, tree: t, parent, seq, episode: *episode, steps: Vec::new() });
+            }
+            prompts.push(prompt_tokens);
+            trees.push((0..shape.m).map(|_| Tree::new()).collect());
+            episodes.push(mine.iter().map(|s| s.0).collect());
+            roots.push(prompt_roots);
         }
         self.continue_rows(&mut rows)?;
         self.attach(&mut trees, rows)?;
         for _round in 0..shape.l {
             let mut rows = Vec::new();
-            for (t, tree) in trees.iter().enumerate() {
-                for node in tree.pick(shape.n, rng) {
-                    let (snapshot, episode, at_step) = match tree.node(node).and_then(|n| n.step.as_ref()) {
-                        Some(step) => (step.snapshot, step.episode, step.env_step),
-                        None => (roots[t].0, roots[t].1, 0),
-                    };
-                    let seq = self.engine.fork(snapshot, 1)?[0];
-                    let episode = self.env.fork(episode, at_step)?;
-                    episodes.push(episode);
-                    self.cost.forks += 1;
-                    rows.push(Row { tree: t, parent: node, seq, episode, steps: Vec::new() });
+            for (p, prompt_trees) in trees.iter().enumerate() {
+                for (t, tree) in prompt_trees.iter().enumerate() {
+                    for node in tree.pick(shape.n, rng) {
+                        let (snapshot, episode, at_step) = match tree.node(node).and_then(|n| n.step.as_ref()) {
+                            Some(step) => (step.snapshot, step.episode, step.env_step),
+                            None => (roots[p][t].0, roots[p][t].1, 0),
+                        };
+                        let seq = self.engine.fork(snapshot, 1)?[0];
+                        let episode = self.env.fork(episode, at_step)?;
+                        episodes[p].push(episode);
+                        self.cost.forks += 1;
+                        rows.push(Row { prompt: p, tree: t, parent: node, seq, episode, steps: Vec::new() });
+                    }
                 }
             }
             self.continue_rows(&mut rows)?;
@@ -366,15 +395,19 @@ impl Rollout<'_, '_> {
         }
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
         self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
-        let mut held: Vec<SeqId> = roots.iter().map(|r| r.0).collect();
-        for tree in &trees {
-            for id in 0..tree.len() {
-                if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
-                    held.push(step.snapshot);
+        let mut out = Vec::with_capacity(tasks.len());
+        for (((prompt_tokens, trees), episodes), roots) in prompts.into_iter().zip(trees).zip(episodes).zip(roots) {
+            let mut held: Vec<SeqId> = roots.iter().map(|r| r.0).collect();
+            for tree in &trees {
+                for id in 0..tree.len() {
+                    if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
+                        held.push(step.snapshot);
+                    }
                 }
             }
+            out.push(PromptRollout { prompt_tokens, trees, held, episodes });
         }
-        Ok(PromptRollout { prompt_tokens, trees, held, episodes })
+        Ok(out)
     }
 
     /// One chain per task, all tasks batched together (evaluation, or quick chain rollouts).
@@ -386,7 +419,8 @@ impl Rollout<'_, '_> {
         for (i, (episode, prompt)) in starts.iter().enumerate() {
             let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.clone())], true)?;
             let seq = self.engine.add(self.tok.encode(&text)?, seed.wrapping_add(i as u64))?;
-            rows.push(Row { tree: i, parent: Tree::<StepRecord>::ROOT, seq, episode: *episode, steps: Vec::new() });
+            let parent = Tree::<StepRecord>::ROOT;
+            rows.push(Row { prompt: i, tree: 0, parent, seq, episode: *episode, steps: Vec::new() });
         }
         self.continue_rows(&mut rows)?;
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
@@ -404,10 +438,10 @@ impl Rollout<'_, '_> {
         Ok(out)
     }
 
-    fn attach(&mut self, trees: &mut [Tree<StepRecord>], rows: Vec<Row>) -> Result<(), RolloutError> {
+    fn attach(&mut self, trees: &mut [Vec<Tree<StepRecord>>], rows: Vec<Row>) -> Result<(), RolloutError> {
         for row in rows {
             self.engine.remove(row.seq);
-            trees[row.tree].add_chain(row.parent, row.steps)?;
+            trees[row.prompt][row.tree].add_chain(row.parent, row.steps)?;
         }
         Ok(())
     }
