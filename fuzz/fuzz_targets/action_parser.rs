@@ -54,7 +54,8 @@ fn check_tool(text: &str, flags: u8, open: bool) {
     } else {
         serde_json::Value::String(text.to_string())
     };
-    let is_string = value.is_string();
+    // The argument as the tool receives it (a JSON string input arrives unescaped).
+    let argument = value.as_str().map(str::to_owned);
     let call = ToolCall { name: name.into(), arguments: [(key.to_string(), value)].into_iter().collect() };
     let Ok((p, rendered)) = parse_tool(&call, open) else {
         return;
@@ -62,8 +63,8 @@ fn check_tool(text: &str, flags: u8, open: bool) {
     assert_ne!(p.kind, ActionKind::Invalid);
     assert!(open || p.kind != ActionKind::Open);
     assert_eq!(p.content, p.content.trim(), "content is not trimmed");
-    if is_string {
-        assert!(text.contains(&p.content), "content {:?} is not in the argument", p.content);
+    if let Some(argument) = &argument {
+        assert!(argument.contains(&p.content), "content {:?} is not in the argument {argument:?}", p.content);
     }
     // The transcript records the tag form; read back, it is the same action, unless the content
     // itself holds the closing tag.
