@@ -64,6 +64,11 @@ fn row(figure: impl Into<String>, value: impl Into<String>, unit: &'static str, 
     Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
 }
 
+/// The `p50 / p99` row of a sorted latency sample.
+fn latency_row(figure: &str, sorted: &[Duration], note: &str) -> Row {
+    row(figure, format!("{:.2} / {:.2}", pct_ms(sorted, 0.5), pct_ms(sorted, 0.99)), "ms", note)
+}
+
 /// Latency percentile of a sorted sample, in milliseconds.
 fn pct_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted.get(((sorted.len() as f64 - 1.0) * p) as usize).copied().unwrap_or_default().as_secs_f64() * 1e3
@@ -138,12 +143,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     let steps_per_s = steps as f64 / wall;
     let setting = format!("{} episodes over {} connections, closed loop", args.episodes, args.connections);
     rows.push(row("search steps/s over WebSocket, saturated", format!("{steps_per_s:.0}"), "steps/s", setting));
-    rows.push(row(
-        "  step latency p50 / p99, saturated",
-        format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
-        "ms",
-        "queueing included",
-    ));
+    rows.push(latency_row("  step latency p50 / p99, saturated", &lat, "queueing included"));
     rows.push(row(
         "  steps/s vs BM25 backend alone",
         format!("{:.2}x", steps_per_s / bm25_qps),
@@ -158,12 +158,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
         "steps/s",
         format!("offered {:.0} steps/s by {} episodes", args.rate, args.episodes),
     ));
-    rows.push(row(
-        "  step latency p50 / p99, paced",
-        format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
-        "ms",
-        "target p99 < 10",
-    ));
+    rows.push(latency_row("  step latency p50 / p99, paced", &lat, "target p99 < 10"));
 
     // 3. Baseline: the same searches as Search-R1 `POST /retrieve`, one query per request.
     if !args.no_http {
@@ -177,12 +172,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
             "requests/s",
             format!("{} in flight on keep-alive connections, 1 query each, top-{topk}", args.episodes),
         ));
-        rows.push(row(
-            "  request latency p50 / p99, saturated",
-            format!("{:.2} / {:.2}", pct_ms(&lat, 0.5), pct_ms(&lat, 0.99)),
-            "ms",
-            "",
-        ));
+        rows.push(latency_row("  request latency p50 / p99, saturated", &lat, ""));
         rows.push(row(
             "  WebSocket steps/s vs HTTP /retrieve/s",
             format!("{:.2}x", steps_per_s / http_per_s),

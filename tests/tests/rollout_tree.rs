@@ -148,8 +148,8 @@ fn budget_of_tree_and_chain_rollouts() {
         max_context: 4096,
         topk: None,
     };
-    let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1).unwrap();
-    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1).unwrap();
+    let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1, 1).unwrap();
+    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1, 1).unwrap();
     assert_eq!(tree.trajectories_per_prompt, 6.0, "M (1 + N L) leaves per prompt");
     assert_eq!(chain.trajectories_per_prompt, 4.0);
     assert!(tree.prefill_tokens < tree.reencode_prefill_tokens);

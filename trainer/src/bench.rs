@@ -246,13 +246,13 @@ pub fn budget_rows(
     chain_n: usize,
 ) -> Result<Vec<BenchRow>, RolloutError> {
     let t = Instant::now();
-    let tree_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0)?;
+    let tree_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0, 1)?;
     let tree_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let (batched_row, batched_stats) = crate::budget::measure_batched(model, tok, env, tasks, agent, tree, 0)?;
+    let batched_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0, 0)?;
     let batched_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let chain_row = crate::budget::measure(model, tok, env, tasks, agent, TreeShape::chain(chain_n), 0)?;
+    let chain_row = crate::budget::measure(model, tok, env, tasks, agent, TreeShape::chain(chain_n), 0, 1)?;
     let chain_secs = t.elapsed().as_secs_f64();
     let p = tasks.len().max(1) as f64;
     let setting = format!(
@@ -296,10 +296,7 @@ pub fn budget_rows(
         format!("{}: rollout, all prompts batched", tree_row.label),
         format!("{:.1}", rate(&batched_row, batched_secs)),
         "tokens/s",
-        format!(
-            "generated; {batched_secs:.1} s, mean batch {:.1} sequences",
-            batched_stats.generated_sequences as f64 / batched_stats.generate_calls.max(1) as f64
-        ),
+        format!("generated; {batched_secs:.1} s, mean batch {:.1} sequences", batched_row.mean_batch),
     ));
     rows.push(BenchRow::new(
         format!("  {}: batched vs one prompt at a time", tree_row.label),

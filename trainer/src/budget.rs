@@ -19,6 +19,8 @@ pub struct BudgetRow {
     pub prefill_tokens: u64,
     /// Tokens a rollout that re-encodes the full context at every generation would prefill.
     pub reencode_prefill_tokens: u64,
+    /// Sequences the engine decoded per generate call, on average.
+    pub mean_batch: f64,
 }
 
 /// Prefill of the re-encoding baseline: every node was generated from the prompt plus the steps
@@ -40,8 +42,10 @@ fn reencode_cost(r: &PromptRollout) -> u64 {
         .sum()
 }
 
-/// Run `shape` on every task, one task at a time, and report its cost (labelled
-/// `tree (M,N,L,k)` or `chain n=…`).
+/// Run `shape` on every task and report its cost (labelled `tree (M,N,L,k)` or `chain n=…`).
+/// The tasks are rolled out `batch_prompts` at a time ([`Rollout::run_many`]: each turn of a
+/// batch's chains is one engine batch); 1 is one prompt at a time, 0 all of them together.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     model: &CausalLm,
     tok: &Tokenizer,
@@ -50,35 +54,8 @@ pub fn measure(
     agent: &AgentConfig,
     shape: TreeShape,
     seed: u64,
+    batch_prompts: usize,
 ) -> Result<BudgetRow, RolloutError> {
-    measure_with(model, tok, env, tasks, agent, shape, seed, false).map(|(row, _)| row)
-}
-
-/// [`measure`] with every task rolled out together ([`Rollout::run_many`]): each turn of every
-/// prompt's chains is one engine batch. Also returns the engine's counters (mean batch size).
-pub fn measure_batched(
-    model: &CausalLm,
-    tok: &Tokenizer,
-    env: &EnvClient,
-    tasks: &[grove_protocol::TaskSpec],
-    agent: &AgentConfig,
-    shape: TreeShape,
-    seed: u64,
-) -> Result<(BudgetRow, crate::generate::EngineStats), RolloutError> {
-    measure_with(model, tok, env, tasks, agent, shape, seed, true)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn measure_with(
-    model: &CausalLm,
-    tok: &Tokenizer,
-    env: &EnvClient,
-    tasks: &[grove_protocol::TaskSpec],
-    agent: &AgentConfig,
-    shape: TreeShape,
-    seed: u64,
-    batched: bool,
-) -> Result<(BudgetRow, crate::generate::EngineStats), RolloutError> {
     let label = if shape.n == 0 {
         format!("chain n={}", shape.m)
     } else {
@@ -95,10 +72,11 @@ fn measure_with(
         generated_tokens: 0,
         prefill_tokens: 0,
         reencode_prefill_tokens: 0,
+        mean_batch: 0.0,
     };
     let mut leaves = 0usize;
-    let batches: Vec<&[grove_protocol::TaskSpec]> = if batched { vec![tasks] } else { tasks.chunks(1).collect() };
-    for batch in batches {
+    let batch = if batch_prompts == 0 { tasks.len() } else { batch_prompts };
+    for batch in tasks.chunks(batch.max(1)) {
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let rollouts = r.run_many(batch, shape, &mut rng)?;
         let cost = r.cost;
@@ -113,7 +91,8 @@ fn measure_with(
         }
     }
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
-    Ok((row, engine.stats))
+    row.mean_batch = engine.stats.generated_sequences as f64 / engine.stats.generate_calls.max(1) as f64;
+    Ok(row)
 }
 
 pub fn format_rows(rows: &[BudgetRow]) -> String {

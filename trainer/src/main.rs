@@ -492,8 +492,8 @@ fn main() -> Result<()> {
                 ..AgentConfig::default()
             };
             let rows = [
-                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, shape, 0)?,
-                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape::chain(chain_n), 0)?,
+                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, shape, 0, 1)?,
+                grove_trainer::budget::measure(&lm, &tok, &client, &tasks, &agent, TreeShape::chain(chain_n), 0, 1)?,
             ];
             print!("{}", grove_trainer::budget::format_rows(&rows));
         }
@@ -658,13 +658,9 @@ fn main() -> Result<()> {
                         topk,
                         ..AgentConfig::default()
                     };
-                    let budget = match &policy {
-                        Some(p) => {
-                            let Loaded { lm, tok, .. } = load(p, device)?;
-                            grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?
-                        }
-                        None => grove_trainer::bench::budget_rows(&lm, &tok, &client, &tasks, &agent, shape, chain_n)?,
-                    };
+                    let rollout_policy = policy.as_deref().map(|p| load(p, device)).transpose()?;
+                    let (plm, ptok) = rollout_policy.as_ref().map_or((&lm, &tok), |l| (&l.lm, &l.tok));
+                    let budget = grove_trainer::bench::budget_rows(plm, ptok, &client, &tasks, &agent, shape, chain_n)?;
                     let name = policy.as_deref().unwrap_or(&model);
                     rows.push(BenchRow::new(
                         "rollout policy",

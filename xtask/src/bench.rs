@@ -102,15 +102,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     let mut threads = String::from("-");
     if !args.skip_trainer {
-        let hf = grove_datasets::assets::assets_dir().join("smollm2-135m-instruct-hf");
-        if !hf.join("model.safetensors").exists() {
-            util::banner("import SmolLM2-135M-Instruct from its GGUF");
-            let gguf = grove_datasets::assets::smollm2_gguf();
-            if !gguf.exists() {
-                bail!("{} is missing; run `cargo xtask assets`", gguf.display());
-            }
-            util::run_cmd(Command::new(&trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
-        }
+        let hf = crate::demo::smollm2_hf(&trainer)?;
         // The real tree vs chain rollout: a small policy that calls tools (SmolLM2-135M rarely
         // does) on held-out questions of the synthetic world, through an env-server over its
         // corpus.

@@ -90,6 +90,21 @@ pub(crate) fn start_server(bin: &Path, corpus: &Path, log: &Path) -> Result<Serv
     Ok(server)
 }
 
+/// SmolLM2-135M-Instruct as a Hugging Face folder, imported from the asset GGUF with `trainer`
+/// the first time.
+pub(crate) fn smollm2_hf(trainer: &Path) -> Result<PathBuf> {
+    let hf = grove_datasets::assets::assets_dir().join("smollm2-135m-instruct-hf");
+    if !hf.join("model.safetensors").exists() {
+        util::banner("import SmolLM2-135M-Instruct from its GGUF");
+        let gguf = grove_datasets::assets::smollm2_gguf();
+        if !gguf.exists() {
+            bail!("{} is missing; run `cargo xtask assets`", gguf.display());
+        }
+        util::run_cmd(Command::new(trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
+    }
+    Ok(hf)
+}
+
 fn target_dir(root: &Path) -> Result<PathBuf> {
     let out = Command::new("cargo")
         .args(["metadata", "--format-version", "1", "--no-deps"])
@@ -249,11 +264,7 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let mut smol = None;
     if !args.skip_smollm2 {
         util::banner("SmolLM2-135M-Instruct as a ReAct agent on FanOutQA (mini-Wikipedia env-server)");
-        let hf = grove_datasets::assets::assets_dir().join("smollm2-135m-instruct-hf");
-        if !hf.join("model.safetensors").exists() {
-            let gguf = grove_datasets::assets::smollm2_gguf();
-            util::run_cmd(Command::new(&ctx.trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
-        }
+        let hf = smollm2_hf(&ctx.trainer)?;
         let corpus = grove_datasets::assets::wiki_summaries_corpus();
         let server = start_server(&ctx.env_server, &corpus, &out.join("env-server-wiki.log"))?;
         let mut cmd = Command::new(&ctx.trainer);
