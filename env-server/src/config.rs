@@ -157,6 +157,7 @@ impl LimitsConfig {
             max_query_chars: clamp(self.max_query_chars),
             max_turns: max_turns_default,
             idle_timeout_ms: self.idle_timeout_secs.saturating_mul(1000),
+            connection_idle_ms: self.connection_idle_secs.saturating_mul(1000),
         }
     }
 }

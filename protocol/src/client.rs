@@ -113,6 +113,7 @@ impl Client {
                     max_query_chars: 0,
                     max_turns: 0,
                     idle_timeout_ms: 0,
+                    connection_idle_ms: 0,
                 },
             },
         };

@@ -104,6 +104,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                         max_query_chars: 1024,
                         max_turns: 3,
                         idle_timeout_ms: 600_000,
+                        connection_idle_ms: 900_000,
                     },
                 }),
             ),

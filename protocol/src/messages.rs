@@ -89,6 +89,10 @@ pub struct Limits {
     pub max_turns: u32,
     /// An episode not touched for this long is reaped.
     pub idle_timeout_ms: u64,
+    /// A connection that sends no frame for this long is closed (with its episodes); a client
+    /// that may stay silent longer keeps it open with `Ping`. 0: not announced (older servers).
+    #[serde(default)]
+    pub connection_idle_ms: u64,
 }
 
 /// How an episode's answer is scored.

@@ -27,17 +27,57 @@ pub struct WorldServer {
 
 impl WorldServer {
     pub fn start(world: &grove_datasets::synthetic::World) -> WorldServer {
+        Self::start_with(world, Default::default(), None)
+    }
+
+    /// A server with `config` (limits, defaults) searching `backend` instead of BM25 over the
+    /// world's corpus when one is given.
+    pub fn start_with(
+        world: &grove_datasets::synthetic::World,
+        config: grove_env_server::config::ServerConfig,
+        backend: Option<std::sync::Arc<dyn grove_env_server::search::SearchBackend>>,
+    ) -> WorldServer {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("world.jsonl");
         grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-        let index = grove_env_server::search::LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap();
+        let backend = backend.unwrap_or_else(|| {
+            std::sync::Arc::new(
+                grove_env_server::search::LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap(),
+            )
+        });
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let url = format!("ws://{}/", listener.local_addr().unwrap());
-        let backends = grove_env_server::Backends::new("local", std::sync::Arc::new(index));
-        rt.spawn(grove_env_server::run(listener, Default::default(), backends, std::future::pending()));
+        let backends = grove_env_server::Backends::new("local", backend);
+        rt.spawn(grove_env_server::run(listener, config, backends, std::future::pending()));
         WorldServer { url, _rt: rt, _dir: dir }
     }
+}
+
+/// A small world written to disk and a small policy warm-started on it (scripted play, BPE,
+/// SFT) that searches and answers, sometimes right: a policy whose rollouts earn rewards.
+#[derive(Debug)]
+pub struct AnsweringPolicy {
+    pub world: grove_trainer::world::WorldFiles,
+    pub spec: grove_trainer::world::WorldSpec,
+    pub policy: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Built once per test binary (about a minute of CPU in a debug build).
+pub fn answering_policy() -> &'static AnsweringPolicy {
+    static POLICY: std::sync::OnceLock<AnsweringPolicy> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| {
+        use grove_trainer::warmstart::{WarmStart, warm_start};
+        let dir = tempfile::tempdir().unwrap();
+        let spec = grove_trainer::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 8 };
+        let world = spec.write(&dir.path().join("world")).unwrap();
+        let server = WorldServer::start(&spec.world());
+        let env = grove_trainer::env::EnvClient::connect(&server.url, Default::default()).unwrap();
+        let made = warm_start(&env, &world, &dir.path().join("policy"), &WarmStart::tiny()).unwrap();
+        assert!(made.sft.nll_after < made.sft.nll_before, "SFT learned: {:?}", made.sft);
+        AnsweringPolicy { world, spec, policy: made.policy, _dir: dir }
+    })
 }
 
 /// The `config.json` of the tiny Qwen2 policy the training tests use.

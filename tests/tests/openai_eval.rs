@@ -11,10 +11,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use grove_datasets::synthetic::{SyntheticQuestion, World, WorldConfig};
 use grove_tests::WorldServer;
+use grove_trainer::env::EnvClient;
 use grove_trainer::openai::{
     Message, Mode, OpenAiError, OpenAiEvalConfig, OpenAiEvalError, OpenAiPolicy, evaluate_openai,
 };
-use grove_trainer::rollout::agent::EnvClient;
 use grove_trainer::scripted::task_of;
 
 /// A reply: status, extra headers, body.

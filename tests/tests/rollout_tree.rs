@@ -5,8 +5,11 @@
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_tests::{WorldServer, tiny_policy};
+use grove_trainer::env::EnvClient;
 use grove_trainer::generate::{Engine, SamplingParams};
-use grove_trainer::rollout::agent::{AgentConfig, EnvClient, Rollout, TreeShape, training_rows};
+use grove_trainer::method::{Method, TreeShape};
+use grove_trainer::rollout::agent::{AgentConfig, Rollout};
+use grove_trainer::rows::training_rows;
 use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
 use rand::SeedableRng;
@@ -56,12 +59,13 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
             let node = tree.node(id).unwrap();
             let (Some(step), Some(parent)) = (node.step.as_ref(), node.parent) else { continue };
             let parent_episode = tree.node(parent).and_then(|p| p.step.as_ref()).map(|p| (p.episode, p.env_step));
+            let parent_episode = parent_episode.map(|(e, s)| (e.unwrap(), s));
             let first_chain = tree.node(0).unwrap().children.first() == Some(&id);
-            if first_chain || parent_episode.map(|(e, _)| e) == Some(step.episode) {
+            if first_chain || parent_episode.map(|(e, _)| e) == step.episode {
                 continue;
             }
             // First step of an expansion: its episode is a fork.
-            let t = env.block_on(env.client().transcript(step.episode)).unwrap();
+            let t = env.block_on(env.client().transcript(step.episode.unwrap())).unwrap();
             let expected_step = parent_episode.map_or(0, |(_, s)| s);
             assert_eq!(t.lineage.fork_step, Some(expected_step));
             assert_eq!(t.lineage.depth, 1);
@@ -71,6 +75,8 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     assert_eq!(checked, 4);
     let stats = env.block_on(env.client().stats()).unwrap();
     assert_eq!(stats.forks, 4);
+    // The 4 expansions of the round went to the server as one Fork request.
+    assert_eq!(env.requests().fork, 1);
 
     // Training rows: M * k rows; generated tokens weigh 1, observation tokens 0.
     let rows = training_rows(&rollout, shape.k, 0, config.max_response_tokens, &mut rng).unwrap();
@@ -112,7 +118,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     // Chain GRPO with n = 3: three one-chain trees, no forks; with a custom prompt template.
     let config = AgentConfig { prompt_template: Some("Custom agent prompt. Q: {question}\n".into()), ..config };
     let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
-    let chains = r.run(&task, TreeShape::chain(3), &mut rng).unwrap();
+    let chains = r.run(&task, Method::chain(3).shape(), &mut rng).unwrap();
     assert_eq!(r.cost.forks, 0);
     let prompt = tok.decode(&chains.prompt_tokens, false).unwrap();
     assert!(prompt.contains("<|im_start|>user\nCustom agent prompt. Q: "), "{prompt}");
@@ -122,7 +128,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     // left and re-encoded, and the rollout still completes every chain.
     let short = AgentConfig { max_context: chains.prompt_tokens.len() + 8, ..config.clone() };
     let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &short, cost: Default::default() };
-    let cut = r.run(&task, TreeShape::chain(2), &mut rng).unwrap();
+    let cut = r.run(&task, Method::chain(2).shape(), &mut rng).unwrap();
     assert_eq!(cut.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 2);
     assert_eq!(chains.trees.iter().map(|t| t.leaves().len()).sum::<usize>(), 3);
     assert_eq!(training_rows(&chains, 1, 1, 4096, &mut rng).unwrap().len(), 3);
@@ -130,7 +136,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
 
 #[test]
 fn budget_of_tree_and_chain_rollouts() {
-    use grove_trainer::budget::{format_rows, measure};
+    use grove_trainer::budget::{compare, format_rows};
     let tok_dir = assets::qwen25_tokenizer_dir();
     assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();
@@ -148,15 +154,21 @@ fn budget_of_tree_and_chain_rollouts() {
         max_context: 4096,
         topk: None,
     };
-    let tree = measure(&lm, &tok, &env, &tasks, &agent, TreeShape { m: 2, n: 2, l: 1, k: 3 }, 1, 1).unwrap();
-    let chain = measure(&lm, &tok, &env, &tasks, &agent, TreeShape::chain(4), 1, 1).unwrap();
+    let rows = compare((&lm, &tok), &env, &tasks, &agent, &[Method::tree(2, 2, 1, 3), Method::chain(4)], 1).unwrap();
+    let (tree, chain) = (&rows[0], &rows[1]);
     assert_eq!(tree.trajectories_per_prompt, 6.0, "M (1 + N L) leaves per prompt");
     assert_eq!(chain.trajectories_per_prompt, 4.0);
-    assert!(tree.prefill_tokens < tree.reencode_prefill_tokens);
-    assert!(chain.prefill_tokens < chain.reencode_prefill_tokens);
+    assert_eq!((tree.nominal_budget, chain.nominal_budget), (4.0, 4.0), "modelled, spec 2.6");
     assert!(tree.generated_tokens > 0 && chain.generated_tokens > 0);
-    let table = format_rows(&[tree, chain]);
-    assert!(table.contains("tree (2,2,1,3)") && table.contains("chain n=4"), "{table}");
+    // Re-encoding was measured by doing it: every generation's context encoded from scratch.
+    // Chains share nothing but the prompt, so their replay re-encodes each turn's context in full.
+    for r in [tree, chain] {
+        assert!(r.prefill_tokens < r.reencode_tokens, "{r:?}");
+        assert!(r.reencode_seconds > 0.0, "{r:?}");
+    }
+    let table = format_rows(&rows);
+    assert!(table.contains("tree (2,2,1)") && table.contains("chain n=4"), "{table}");
+    assert!(table.contains("modelled"), "{table}");
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
 }
 
@@ -198,7 +210,7 @@ fn prompts_rolled_out_together_keep_their_own_trees() {
         for tree in &rollout.trees {
             for id in 0..tree.len() {
                 if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
-                    assert!(rollout.episodes.contains(&step.episode), "a step in another prompt's episode");
+                    assert!(rollout.episodes.contains(&step.episode.unwrap()), "a step in another prompt's episode");
                 }
             }
         }
@@ -208,9 +220,68 @@ fn prompts_rolled_out_together_keep_their_own_trees() {
     let stats = engine.stats;
     assert!(stats.generate_calls <= 2 * (u64::from(config.max_turns) + 1), "{stats:?}");
     assert!(stats.generated_sequences as f64 / stats.generate_calls as f64 > shape.m as f64, "{stats:?}");
+    // One Create for all the prompts' trees, one Fork for the round's expansions of all of them.
+    assert_eq!((env.requests().create, env.requests().fork), (1, 1));
+    let mut all = Vec::new();
     for rollout in &rollouts {
         rollout.release(&mut engine);
-        env.close(rollout.episodes.clone()).unwrap();
+        all.extend_from_slice(&rollout.episodes);
     }
+    env.close(&all).unwrap();
+    assert_eq!(env.requests().close, 1);
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+}
+
+/// What is trained is what was sent: when a stop string ends inside a token, the generation keeps
+/// that token whole and the env-server receives exactly the decoding of the tokens that are
+/// trained, not a text cut short at the stop string. The stop string here is "e", which the real
+/// Qwen2.5 BPE tokenizer buries inside many tokens, so random generations straddle it often.
+#[test]
+fn the_env_server_receives_exactly_the_trained_tokens() {
+    let tok = Tokenizer::from_dir(&assets::qwen25_tokenizer_dir()).unwrap();
+    let (_vs, lm) = tiny_policy(tok.vocab_size());
+    let world = World::generate(&WorldConfig::default());
+    let srv = WorldServer::start(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let tasks: Vec<_> = world.questions(2, 4, 9).iter().map(task_of).collect();
+    let config = AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 32,
+        sampling: SamplingParams {
+            max_new_tokens: 24,
+            top_p: 1.0,
+            stop: vec!["e".into()],
+            ..SamplingParams::default()
+        },
+        ..AgentConfig::default()
+    };
+    let mut engine = Engine::new(&lm);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
+    let rollouts = r.run_many(&tasks, Method::chain(3).shape(), &mut rng).unwrap();
+    let (mut checked, mut straddled) = (0, 0);
+    for rollout in &rollouts {
+        for tree in &rollout.trees {
+            for leaf in tree.leaves() {
+                let path = tree.path(leaf);
+                let episode = path[0].episode.unwrap();
+                let transcript = env.block_on(env.client().transcript(episode)).unwrap();
+                assert_eq!(transcript.steps.len(), path.len());
+                for (step, sent) in path.iter().zip(&transcript.steps) {
+                    let trained = tok.decode(&step.response, true).unwrap();
+                    assert_eq!(sent.action, trained, "the server got other text than the trained tokens");
+                    assert_eq!(step.logprobs.len(), step.response.len());
+                    checked += 1;
+                    // The stop string ended inside the last token: the text runs past it.
+                    if trained.contains('e') && !trained.ends_with('e') {
+                        straddled += 1;
+                    }
+                }
+            }
+        }
+        rollout.release(&mut engine);
+        env.close(&rollout.episodes).unwrap();
+    }
+    assert!(checked >= 12, "{checked} steps");
+    assert!(straddled > 0, "no generation stopped inside a token: the test checked nothing");
 }

@@ -3,7 +3,7 @@
 
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_tests::WorldServer;
-use grove_trainer::rollout::agent::EnvClient;
+use grove_trainer::env::EnvClient;
 use grove_trainer::scripted::{ScriptConfig, play};
 
 #[test]

@@ -1,23 +1,33 @@
-//! Training end to end on CPU: an in-process env-server over the synthetic world and a tiny,
-//! randomly initialised Qwen2 policy; two Tree-GRPO steps and two chain-GRPO steps change the
-//! parameters and write the metrics; a run stopped after one step and resumed from its
-//! checkpoint ends with exactly the parameters of an uninterrupted run.
+//! Training end to end on CPU against in-process env-servers over the synthetic world:
+//! - Tree-GRPO and chain-GRPO steps train a tiny random policy, in one Fork request per
+//!   expansion round and one Close per batch per server;
+//! - a run stopped after one step and resumed from its checkpoint ends with exactly the
+//!   parameters of an uninterrupted run;
+//! - with a policy that answers, the rewards recomputed from the trained tokens agree with the
+//!   env-server's (answer, EM, format, training score), and a wrong one is caught;
+//! - at T = 0.7 the update's first ratio to the sampling distribution is 1 up to rounding;
+//! - refused episodes (a full episode table, an over-long query) and failing tool calls (a
+//!   retriever answering 500) stay local to their trajectories and are counted by kind.
+
+use std::sync::Arc;
 
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_tests::{WorldServer, tiny_config_json, tiny_policy};
+use grove_rundir::{RunDir, TrainState};
+use grove_tests::{WorldServer, answering_policy, tiny_config_json, tiny_policy};
 use grove_trainer::algo::advantage::Estimator;
 use grove_trainer::algo::schedule::WarmupConstant;
 use grove_trainer::algo::update::UpdateConfig;
+use grove_trainer::env::EnvClient;
 use grove_trainer::generate::SamplingParams;
+use grove_trainer::method::Method;
+use grove_trainer::model::load_model;
 use grove_trainer::optim::{AdamW, AdamWConfig};
-use grove_trainer::rollout::agent::{AgentConfig, EnvClient, TreeShape};
+use grove_trainer::rollout::agent::AgentConfig;
 use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
-use grove_trainer::train::{
-    StepConfig, StepMetrics, TrainState, append_metrics, latest_checkpoint, load_checkpoint, save_checkpoint,
-    train_step,
-};
+use grove_trainer::train::checkpoint;
+use grove_trainer::train::{StepConfig, train_step};
 
 fn params(vs: &tch::nn::VarStore) -> Vec<f32> {
     let mut v: Vec<_> = vs.variables().into_iter().collect();
@@ -29,11 +39,11 @@ fn tasks(world: &World) -> Vec<grove_protocol::TaskSpec> {
     world.questions(2, 6, 1).iter().map(task_of).collect()
 }
 
-fn step_config(shape: TreeShape, estimator: Estimator) -> StepConfig {
+fn step_config(method: Method, estimator: Estimator) -> StepConfig {
     StepConfig {
         prompts_per_step: 2,
         rollout_batch_prompts: 0,
-        shape,
+        method,
         estimator,
         agent: AgentConfig {
             max_turns: 2,
@@ -71,13 +81,14 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     let (_rvs, reference) = tiny_policy(tok.vocab_size());
     let mut opt = AdamW::new(&vs, AdamWConfig::default());
     let out = tempfile::tempdir().unwrap();
+    let run = RunDir::new(out.path());
     let initial = params(&vs);
-    let tree = step_config(TreeShape { m: 2, n: 2, l: 1, k: 3 }, Estimator::Tree);
-    let chain = step_config(TreeShape::chain(4), Estimator::Grpo);
+    let tree = step_config(Method::tree(2, 2, 1, 3), Estimator::Tree);
+    let chain = step_config(Method::chain(4), Estimator::Grpo);
     let mut all = Vec::new();
     for (step, cfg) in [(0u64, &tree), (1, &tree), (2, &chain), (3, &chain)] {
-        let m = train_step(&lm, &reference, &mut opt, &tok, &envs, &tasks, cfg, step).unwrap();
-        append_metrics(out.path(), &m).unwrap();
+        let m = train_step(&lm, &reference, &mut opt, &tok, &envs, &tasks, cfg, step).unwrap().metrics;
+        run.append_metrics(&m).unwrap();
         all.push(m);
     }
     // Tree steps: 2 prompts x M * k = 12 rows, 2 x M * N * L = 8 forks; chain steps: 2 x 4 rows.
@@ -85,36 +96,20 @@ fn tree_and_chain_grpo_steps_train_the_policy() {
     assert_eq!((all[2].rows, all[2].forks), (8, 0));
     assert!(all.iter().all(|m| m.generated_tokens > 0 && m.trained_tokens > 0 && m.grad_norm > 0.0));
     assert!(all.iter().all(|m| m.reward_check_mismatches == 0), "local reward recomputation agrees with the server");
+    assert!(all.iter().all(|m| m.masked_rows == 0 && m.failures.is_empty()));
     assert_ne!(params(&vs), initial, "the parameters changed");
-    // The metrics file has one line per step with the expected fields.
-    let text = std::fs::read_to_string(out.path().join("metrics.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 4);
-    for field in [
-        "step",
-        "lr",
-        "reward_mean",
-        "metric_mean",
-        "kl",
-        "entropy",
-        "clip_fraction",
-        "grad_norm",
-        "generated_tokens",
-        "prefill_tokens",
-        "tool_calls",
-        "rollout_seconds",
-        "update_seconds",
-    ] {
-        assert!(lines.iter().all(|l| l.get(field).is_some()), "missing {field}");
-    }
-    let back: StepMetrics = serde_json::from_value(lines[3].clone()).unwrap();
-    assert_eq!(back.step, 3);
+    // The metrics file has one record per step.
+    let back = run.metrics().unwrap();
+    assert_eq!(back, all);
     // Each server got one prompt per step (4 forks per tree step each), and every episode of
-    // the finished steps was closed.
+    // the finished steps was closed: per step and server one Create, one Close, and for a tree
+    // step one Fork request for the whole expansion round.
     for env in &envs {
         let stats = env.block_on(env.client().stats()).unwrap();
         assert_eq!(stats.forks, 8);
         assert_eq!(stats.episodes_live, 0);
+        let r = env.requests();
+        assert_eq!((r.create, r.fork, r.close), (4, 2, 4), "{r:?}");
     }
 }
 
@@ -125,7 +120,7 @@ fn resume_from_a_checkpoint_is_exact() {
     let srv = WorldServer::start(&world);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
     let tasks = tasks(&world);
-    let cfg = step_config(TreeShape { m: 2, n: 1, l: 1, k: 2 }, Estimator::Tree);
+    let cfg = step_config(Method::tree(2, 1, 1, 2), Estimator::Tree);
     let (_rvs, reference) = tiny_policy(tok.vocab_size());
     // Three steps straight.
     let (vs_a, lm_a) = tiny_policy(tok.vocab_size());
@@ -135,18 +130,19 @@ fn resume_from_a_checkpoint_is_exact() {
     }
     // One step, a checkpoint, a fresh process state, then two more.
     let dir = tempfile::tempdir().unwrap();
+    let run = RunDir::new(dir.path());
     {
         let (vs_b, lm_b) = tiny_policy(tok.vocab_size());
         let mut opt_b = AdamW::new(&vs_b, AdamWConfig::default());
         train_step(&lm_b, &reference, &mut opt_b, &tok, std::slice::from_ref(&env), &tasks, &cfg, 0).unwrap();
         let state = TrainState { next_step: 1, seed: cfg.seed };
-        save_checkpoint(dir.path(), &vs_b, &tiny_config_json(tok.vocab_size()), &[], &opt_b, &state).unwrap();
+        checkpoint::save(&run, &vs_b, &tiny_config_json(tok.vocab_size()), &[], &opt_b, &state).unwrap();
     }
     let (vs_c, lm_c) = tiny_policy(tok.vocab_size());
     let mut opt_c = AdamW::new(&vs_c, AdamWConfig::default());
-    let ckpt = latest_checkpoint(dir.path()).unwrap();
+    let ckpt = run.latest_checkpoint().unwrap();
     assert!(ckpt.ends_with("checkpoint-1"));
-    let state = load_checkpoint(&ckpt, &vs_c, &mut opt_c).unwrap();
+    let state = checkpoint::load(&ckpt, &vs_c, &mut opt_c).unwrap();
     for step in state.next_step..3 {
         train_step(&lm_c, &reference, &mut opt_c, &tok, std::slice::from_ref(&env), &tasks, &cfg, step).unwrap();
     }
@@ -154,5 +150,188 @@ fn resume_from_a_checkpoint_is_exact() {
     let diff = a.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(a == c, "resumed run differs from the uninterrupted one by up to {diff}");
     // The checkpoint is a loadable HF folder.
-    let (_v, _m) = grove_trainer::model::load_model(&ckpt, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let (_v, _m) = load_model(&ckpt, tch::Device::Cpu, tch::Kind::Float).unwrap();
+}
+
+/// The answering policy's rollouts on the world's training questions, as step settings.
+fn answering_config(method: Method, temperature: f64) -> StepConfig {
+    let p = answering_policy();
+    let prompt = std::fs::read_to_string(p.world.prompt()).unwrap();
+    let mut cfg = step_config(method, method.default_estimator());
+    cfg.prompts_per_step = 6;
+    cfg.agent = AgentConfig {
+        max_turns: 4,
+        max_obs_tokens: 200,
+        max_response_tokens: 1024,
+        sampling: SamplingParams { max_new_tokens: 48, temperature, top_p: 1.0, ..SamplingParams::default() },
+        prompt_template: Some(prompt),
+        max_context: 2048,
+        topk: Some(1),
+    };
+    cfg.update.temperature = temperature;
+    cfg
+}
+
+fn answering_tasks() -> Vec<grove_protocol::TaskSpec> {
+    let p = answering_policy();
+    grove_trainer::data::load_tasks(&p.world.train(), "synthetic").unwrap()
+}
+
+#[test]
+fn rewards_recomputed_from_the_trained_tokens_agree_with_the_server() {
+    let p = answering_policy();
+    let srv = WorldServer::start(&p.spec.world());
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let (vs, lm) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let (_r, reference) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let tok = Tokenizer::from_dir(&p.policy).unwrap();
+    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let cfg = answering_config(Method::chain(4), 1.0);
+    let tasks = answering_tasks();
+    let mut rewards = Vec::new();
+    for step in 0..2 {
+        let r = train_step(&lm, &reference, &mut opt, &tok, std::slice::from_ref(&env), &tasks, &cfg, step).unwrap();
+        assert_eq!(r.metrics.reward_check_mismatches, 0, "{:?}", r.metrics);
+        rewards.extend(r.rows.iter().map(|row| row.reward));
+    }
+    // The comparison had something to compare: answers, right and wrong.
+    assert!(rewards.iter().any(|r| *r >= 0.2), "{rewards:?}");
+    assert!(rewards.iter().any(|r| *r < 1.0), "{rewards:?}");
+
+    // A server reward that disagrees with the tokens is caught.
+    use grove_trainer::generate::Engine;
+    use grove_trainer::rollout::agent::Rollout;
+    use rand::SeedableRng;
+    let mut engine = Engine::new(&lm);
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &cfg.agent, cost: Default::default() };
+    let mut rollout =
+        r.run(&tasks[0], Method::chain(4).shape(), &mut rand_chacha::ChaCha8Rng::seed_from_u64(1)).unwrap();
+    assert_eq!(grove_trainer::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 0);
+    let leaf = rollout.trees[0].leaves()[0];
+    let mut steps: Vec<_> = rollout.trees[0].path(leaf).into_iter().cloned().collect();
+    let last = steps.last_mut().unwrap();
+    let outcome = last.outcome.as_mut().unwrap();
+    outcome.score += 0.5;
+    let mut tampered = grove_trainer::rollout::tree::Tree::new();
+    let n = steps.len();
+    tampered.add_chain(0, steps.into_iter().enumerate().map(|(i, s)| (s, i + 1 == n)).collect()).unwrap();
+    rollout.trees[0] = tampered;
+    assert_eq!(grove_trainer::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 1);
+    rollout.release(&mut engine);
+    env.close(&rollout.episodes).unwrap();
+}
+
+/// Old, new and reference log-probs are those of the sampling distribution: at T = 0.7 the
+/// update's starting policy gives every sampled token the probability it was drawn with. Scored
+/// at T = 1 instead (what the trainer did before), the ratios are far from 1.
+#[test]
+fn log_probs_are_on_policy_at_the_sampling_temperature() {
+    let p = answering_policy();
+    let srv = WorldServer::start(&p.spec.world());
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let tok = Tokenizer::from_dir(&p.policy).unwrap();
+    let tasks = answering_tasks();
+    let run = |update_temperature: f64| {
+        let (vs, lm) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+        let (_r, reference) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+        let mut opt = AdamW::new(&vs, AdamWConfig::default());
+        let mut cfg = answering_config(Method::tree(2, 2, 1, 3), 0.7);
+        cfg.update.temperature = update_temperature;
+        let r = train_step(&lm, &reference, &mut opt, &tok, std::slice::from_ref(&env), &tasks, &cfg, 0).unwrap();
+        assert!(r.metrics.trained_tokens > 100, "{:?}", r.metrics);
+        r.metrics.first_ratio_max_dev
+    };
+    let on_policy = run(0.7);
+    assert!(on_policy < 1e-3, "first PPO ratio off 1 by {on_policy}");
+    let scored_at_one = run(1.0);
+    assert!(scored_at_one > 0.05, "scoring at T = 1 should be off-policy: {scored_at_one}");
+}
+
+/// Failures stay local. Server A refuses some episodes (a table of 3 episodes per connection)
+/// and every search query longer than 8 characters; server B's retriever answers HTTP 500 to
+/// every call. The step completes; refused trajectories are masked out of the loss and counted
+/// by request and error code; failed tool calls are trained on (the model saw the server's error
+/// text) and counted by code.
+#[test]
+fn refused_episodes_and_failing_tools_stay_local() {
+    use grove_env_server::config::{RemoteConfig, ServerConfig};
+    use grove_env_server::search::RemoteRetriever;
+    use grove_env_server::testkit::{Canned, ScriptedServer};
+    let p = answering_policy();
+    let world = p.spec.world();
+    let mut strict = ServerConfig::default();
+    strict.limits.max_episodes_per_connection = 3;
+    strict.limits.max_query_chars = 8;
+    let a = WorldServer::start_with(&world, strict, None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let failing = rt.block_on(ScriptedServer::start(|_| Canned::status(500, "retriever overloaded"))).unwrap();
+    let remote = RemoteRetriever::new(
+        format!("{}/retrieve", failing.url()),
+        RemoteConfig { retries: 0, deadline_ms: 5_000, ..RemoteConfig::default() },
+    )
+    .unwrap();
+    let b = WorldServer::start_with(&world, ServerConfig::default(), Some(Arc::new(remote)));
+    let envs = [
+        EnvClient::connect(&a.url, Default::default()).unwrap(),
+        EnvClient::connect(&b.url, Default::default()).unwrap(),
+    ];
+    let (vs, lm) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let (_r, reference) = load_model(&p.policy, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let tok = Tokenizer::from_dir(&p.policy).unwrap();
+    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let mut cfg = answering_config(Method::tree(2, 2, 1, 3), 1.0);
+    cfg.prompts_per_step = 4;
+    let r = train_step(&lm, &reference, &mut opt, &tok, &envs, &answering_tasks(), &cfg, 0).unwrap();
+    let m = &r.metrics;
+    assert_eq!(m.rows, 4 * 6);
+    assert!(m.failures.get("create:too_many_episodes").copied().unwrap_or(0) > 0, "{m:?}");
+    assert!(m.failures.keys().any(|k| k.starts_with("step:action_too_long") || k.starts_with("fork:")), "{m:?}");
+    assert!(m.tool_errors.get("backend_error").copied().unwrap_or(0) > 0, "{m:?}");
+    assert_eq!(m.masked_rows, m.failures.values().sum::<u64>());
+    assert!(m.masked_rows < m.rows as u64 && m.trained_tokens > 0, "{m:?}");
+    // Masked rows carry no advantage; the rest of each prompt's rows are normalised without them.
+    for (row, adv) in r.rows.iter().zip(&r.advantages) {
+        if row.failure.is_some() {
+            assert_eq!(*adv, 0.0);
+        }
+    }
+    // Server B's rows were trained on with the error observations in them.
+    let b_rows: Vec<_> = r.rows.iter().filter(|row| row.prompt_group % 2 == 1).collect();
+    assert!(b_rows.iter().any(|row| row.trains()));
+    assert!(failing.count() > 0);
+    // Nothing is left open on either server.
+    for env in &envs {
+        assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
+    }
+}
+
+/// While the trainer is busy (an update, an evaluation, a checkpoint), its env connections stay
+/// open: the client pings a server that closes connections silent for 1 second, so a 2.5-second
+/// pause between steps loses nothing. A protocol client without the keep-alive, connected to the
+/// same server at the same time, is closed as idle.
+#[test]
+fn a_long_pause_keeps_the_env_connection_alive() {
+    use grove_env_server::config::ServerConfig;
+    let tok = tokenizer();
+    let world = World::generate(&WorldConfig::default());
+    let mut cfg = ServerConfig::default();
+    cfg.limits.connection_idle_secs = 1;
+    let srv = WorldServer::start_with(&world, cfg, None);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let bare = rt.block_on(grove_protocol::client::Client::connect(&srv.url, Default::default())).unwrap();
+    assert_eq!(env.client().welcome().limits.connection_idle_ms, 1000, "the server announces its idle limit");
+    let tasks = tasks(&world);
+    let (vs, lm) = tiny_policy(tok.vocab_size());
+    let (_rvs, reference) = tiny_policy(tok.vocab_size());
+    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let cfg = step_config(Method::tree(2, 1, 1, 2), Estimator::Tree);
+    train_step(&lm, &reference, &mut opt, &tok, std::slice::from_ref(&env), &tasks, &cfg, 0).unwrap();
+    // The tensor thread is busy for 2.5 s.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let second = train_step(&lm, &reference, &mut opt, &tok, std::slice::from_ref(&env), &tasks, &cfg, 1);
+    assert!(second.is_ok(), "{:?}", second.err());
+    assert!(env.requests().ping >= 3, "{:?}", env.requests());
+    let idle = rt.block_on(bare.stats());
+    assert!(idle.is_err(), "the bare client should have been closed as idle: {idle:?}");
 }

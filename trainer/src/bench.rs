@@ -8,10 +8,13 @@ use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
+use crate::env::EnvClient;
 use crate::generate::{Engine, SamplingParams};
+use crate::logprobs::ScoreOptions;
 use crate::logprobs::score_sequences;
+use crate::method::Method;
 use crate::model::CausalLm;
-use crate::rollout::agent::{AgentConfig, EnvClient, RolloutError, TreeShape};
+use crate::rollout::agent::{AgentConfig, RolloutError};
 use crate::tokenizer::Tokenizer;
 
 /// One figure: what, its value (formatted), its unit, and a baseline or note.
@@ -105,7 +108,7 @@ fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
 /// Mean log-probability of random sequences, backpropagated (grads are left on the weights).
 fn forward_backward(model: &CausalLm, vocab: i64, b: usize, len: usize, seed: u64) {
     let seqs: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, len, seed + i as u64)).collect();
-    let scored = score_sequences(model, &seqs, b, true);
+    let scored = score_sequences(model, &seqs, ScoreOptions { micro_batch: b, temperature: 1.0, with_grad: true });
     let loss =
         Tensor::stack(&scored.iter().map(|s| s.logprobs.mean(Kind::Float)).collect::<Vec<_>>(), 0).mean(Kind::Float);
     (-loss).backward();
@@ -233,27 +236,19 @@ fn multi_turn(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions
     ]
 }
 
-/// A real rollout of Tree-GRPO `tree` and of chain GRPO with `chain_n` trajectories on the same
-/// prompts, through an env-server: per prompt, trajectories, tool calls, generated tokens, and
-/// the prefill with KV-prefix reuse against re-encoding (spec §2.6).
+/// A real rollout of a tree method and of chain GRPO at the same nominal budget on the same
+/// prompts, through an env-server ([`crate::budget::compare`], the rows `trainer budget` prints),
+/// plus the tree rolled out with all prompts batched against one prompt at a time.
 pub fn budget_rows(
-    model: &CausalLm,
-    tok: &Tokenizer,
+    (model, tok): (&CausalLm, &Tokenizer),
     env: &EnvClient,
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
-    tree: TreeShape,
-    chain_n: usize,
+    (tree, chain): (Method, Method),
 ) -> Result<Vec<BenchRow>, RolloutError> {
-    let t = Instant::now();
-    let tree_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0, 1)?;
-    let tree_secs = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let batched_row = crate::budget::measure(model, tok, env, tasks, agent, tree, 0, 0)?;
-    let batched_secs = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let chain_row = crate::budget::measure(model, tok, env, tasks, agent, TreeShape::chain(chain_n), 0, 1)?;
-    let chain_secs = t.elapsed().as_secs_f64();
+    let compared = crate::budget::compare((model, tok), env, tasks, agent, &[tree, chain], 0)?;
+    let (tree_row, chain_row) = (&compared[0], &compared[1]);
+    let batched = crate::budget::measure((model, tok), env, tasks, agent, tree, (0, 0))?;
     let p = tasks.len().max(1) as f64;
     let setting = format!(
         "real rollout, {} prompts, <= {} turns x {} tokens",
@@ -262,57 +257,66 @@ pub fn budget_rows(
         agent.sampling.max_new_tokens
     );
     let mut rows = Vec::new();
-    for (r, secs) in [(&tree_row, tree_secs), (&chain_row, chain_secs)] {
+    for r in [tree_row, chain_row] {
+        let label = r.label();
         rows.push(BenchRow::new(
-            format!("{}: trajectories per prompt", r.label),
-            format!("{:.2}", r.trajectories_per_prompt),
+            format!("{label}: nominal budget (modelled, spec 2.6)"),
+            format!("{:.1}", r.nominal_budget),
             "traj",
             setting.clone(),
         ));
         rows.push(BenchRow::new(
-            format!("{}: tool calls per prompt", r.label),
+            format!("{label}: trajectories per prompt"),
+            format!("{:.2}", r.trajectories_per_prompt),
+            "traj",
+            "measured",
+        ));
+        rows.push(BenchRow::new(
+            format!("{label}: tool calls per prompt"),
             format!("{:.2}", r.tool_calls as f64 / p),
             "calls",
-            "",
+            "measured",
         ));
         rows.push(BenchRow::new(
-            format!("{}: generated tokens per prompt", r.label),
+            format!("{label}: generated tokens per prompt"),
             format!("{:.0}", r.generated_tokens as f64 / p),
             "tokens",
-            format!("{secs:.1} s for all prompts"),
+            format!("measured; {:.1} s for all prompts", r.rollout_seconds),
         ));
         rows.push(BenchRow::new(
-            format!("{}: prefill tokens per prompt, KV reuse / re-encode", r.label),
-            format!("{:.0} / {:.0}", r.prefill_tokens as f64 / p, r.reencode_prefill_tokens as f64 / p),
+            format!("{label}: prefill tokens per prompt, KV reuse / re-encode"),
+            format!("{:.0} / {:.0}", r.prefill_tokens as f64 / p, r.reencode_tokens as f64 / p),
             "tokens",
             format!(
-                "{:.1}% saved by the prefix cache",
-                100.0 * (1.0 - r.prefill_tokens as f64 / r.reencode_prefill_tokens.max(1) as f64)
+                "measured: {:.1}% saved by the prefix cache; re-encoding every context took {:.1} s",
+                100.0 * r.prefill_saved(),
+                r.reencode_seconds
             ),
         ));
     }
-    let rate = |r: &crate::budget::BudgetRow, secs: f64| r.generated_tokens as f64 / secs.max(1e-9);
+    let rate = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / r.rollout_seconds.max(1e-9);
     rows.push(BenchRow::new(
-        format!("{}: rollout, all prompts batched", tree_row.label),
-        format!("{:.1}", rate(&batched_row, batched_secs)),
+        format!("{}: rollout, all prompts batched", tree_row.label()),
+        format!("{:.1}", rate(&batched)),
         "tokens/s",
-        format!("generated; {batched_secs:.1} s, mean batch {:.1} sequences", batched_row.mean_batch),
+        format!("generated; {:.1} s, mean batch {:.1} sequences", batched.rollout_seconds, batched.mean_batch),
     ));
     rows.push(BenchRow::new(
-        format!("  {}: batched vs one prompt at a time", tree_row.label),
-        format!("{:.2}x", rate(&batched_row, batched_secs) / rate(&tree_row, tree_secs).max(1e-9)),
+        format!("  {}: batched vs one prompt at a time", tree_row.label()),
+        format!("{:.2}x", rate(&batched) / rate(tree_row).max(1e-9)),
         "ratio",
-        format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(&tree_row, tree_secs)),
+        format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(tree_row)),
     ));
     let per_traj = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / (r.trajectories_per_prompt * p).max(1e-9);
     rows.push(BenchRow::new(
-        format!("  {} vs {}: generated tokens per trajectory", tree_row.label, chain_row.label),
-        format!("{:.2}x", per_traj(&tree_row) / per_traj(&chain_row).max(1e-9)),
+        format!("  {} vs {}: generated tokens per trajectory", tree_row.label(), chain_row.label()),
+        format!("{:.2}x", per_traj(tree_row) / per_traj(chain_row).max(1e-9)),
         "ratio",
         format!(
-            "{:.2}x trajectories for {:.2}x generated tokens",
+            "{:.2}x trajectories for {:.2}x generated tokens, {:.2}x tool calls",
             tree_row.trajectories_per_prompt / chain_row.trajectories_per_prompt.max(1e-9),
-            tree_row.generated_tokens as f64 / chain_row.generated_tokens.max(1) as f64
+            tree_row.generated_tokens as f64 / chain_row.generated_tokens.max(1) as f64,
+            tree_row.tool_calls as f64 / chain_row.tool_calls.max(1) as f64
         ),
     ));
     Ok(rows)
@@ -321,14 +325,19 @@ pub fn budget_rows(
 /// The arithmetic of spec §2.6 when no rollout is measured: a tree (M,N,L) yields M(1 + NL)
 /// trajectories for about M + MNL/2 chains of generation (a branch starts, on average, halfway
 /// down its parent), so chain GRPO at equal budget has M(1 + NL/2) trajectories.
-pub fn budget_arithmetic(tree: TreeShape, turns: u32, turn_tokens: usize) -> Vec<BenchRow> {
-    let (m, n, l) = (tree.m as f64, tree.n as f64, tree.l as f64);
-    let chains = m * (1.0 + n * l / 2.0);
+pub fn budget_arithmetic(tree: Method, turns: u32, turn_tokens: usize) -> Vec<BenchRow> {
+    let shape = tree.shape();
+    let chains = tree.budget();
     let per_chain_tokens = f64::from(turns) * turn_tokens as f64;
-    let label = format!("tree ({},{},{})", tree.m, tree.n, tree.l);
-    let note = format!("arithmetic, spec §2.6 ({turns} turns x {turn_tokens} tokens per chain)");
+    let label = tree.label();
+    let note = format!("modelled, spec §2.6 ({turns} turns x {turn_tokens} tokens per chain)");
     vec![
-        BenchRow::new(format!("{label}: trajectories per prompt"), format!("{:.0}", m * (1.0 + n * l)), "traj", &note),
+        BenchRow::new(
+            format!("{label}: trajectories per prompt"),
+            format!("{}", shape.m * shape.leaves_per_tree()),
+            "traj",
+            &note,
+        ),
         BenchRow::new(
             format!("chain n={chains:.0}: trajectories per prompt"),
             format!("{chains:.0}"),

@@ -1,118 +1,169 @@
-//! Rollout budget accounting (spec §2.6): tree and chain rollouts on the same prompts, with what
-//! each cost: trajectories, tool calls, generated tokens, and prefill tokens actually computed
-//! with KV-prefix reuse against the prefill of re-encoding the whole context at every turn (what
-//! the reference implementation does, with no prefix cache).
+//! Rollout budget accounting (spec §2.6): rollouts of several methods on the same prompts, with
+//! what each cost. `trainer budget` prints these rows and `trainer bench --env` reports them;
+//! both come from [`compare`].
+//!
+//! Measured: trajectories, tool calls, generated tokens, the tokens our engine encoded with
+//! KV-prefix reuse, and the tokens (and seconds) of actually re-encoding every generation's full
+//! context from scratch, as the reference implementation does (it has no prefix cache).
+//! Modelled: only the method's nominal budget, `Method::budget` (spec §2.6's formula).
 
+use std::time::Instant;
+
+use rand::SeedableRng;
+
+use crate::env::EnvClient;
 use crate::generate::Engine;
+use crate::method::Method;
 use crate::model::CausalLm;
-use crate::rollout::agent::{AgentConfig, EnvClient, PromptRollout, Rollout, RolloutError, TreeShape};
+use crate::rollout::agent::{AgentConfig, PromptRollout, Rollout, RolloutError};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetRow {
-    pub label: String,
+    pub method: Method,
     pub prompts: usize,
+    /// Modelled: the method's nominal budget in complete trajectories per prompt.
+    pub nominal_budget: f64,
+    /// Measured from here on.
     pub trajectories_per_prompt: f64,
     pub tool_calls: u64,
     pub generated_tokens: u64,
     /// Tokens encoded into caches by our engine (forks reuse their parent's cache).
     pub prefill_tokens: u64,
-    /// Tokens a rollout that re-encodes the full context at every generation would prefill.
-    pub reencode_prefill_tokens: u64,
+    /// Tokens encoded by re-encoding each generation's whole context from scratch.
+    pub reencode_tokens: u64,
+    /// Wall time of the rollout, and of the re-encoding replay.
+    pub rollout_seconds: f64,
+    pub reencode_seconds: f64,
     /// Sequences the engine decoded per generate call, on average.
     pub mean_batch: f64,
 }
 
-/// Prefill of the re-encoding baseline: every node was generated from the prompt plus the steps
-/// on its path.
-fn reencode_cost(r: &PromptRollout) -> u64 {
-    let prompt = r.prompt_tokens.len() as u64;
-    r.trees
-        .iter()
-        .map(|tree| {
-            (1..tree.len())
-                .map(|id| {
-                    let parent = tree.node(id).and_then(|n| n.parent).unwrap_or(0);
-                    let context: u64 =
-                        tree.path(parent).iter().map(|s| (s.response.len() + s.observation.len()) as u64).sum();
-                    prompt + context
-                })
-                .sum::<u64>()
-        })
-        .sum()
+impl BudgetRow {
+    pub fn label(&self) -> String {
+        self.method.label()
+    }
+
+    /// Fraction of the re-encoding prefill that KV-prefix reuse saved.
+    pub fn prefill_saved(&self) -> f64 {
+        1.0 - self.prefill_tokens as f64 / self.reencode_tokens.max(1) as f64
+    }
 }
 
-/// Run `shape` on every task and report its cost (labelled `tree (M,N,L,k)` or `chain n=…`).
-/// The tasks are rolled out `batch_prompts` at a time ([`Rollout::run_many`]: each turn of a
-/// batch's chains is one engine batch); 1 is one prompt at a time, 0 all of them together.
-#[allow(clippy::too_many_arguments)]
+/// Re-encode, from scratch, the context every node of `r` was generated from (the prompt plus the
+/// steps on the path to its parent); the tokens encoded.
+fn reencode(engine: &mut Engine<'_>, r: &PromptRollout) -> Result<u64, RolloutError> {
+    let mut total = 0;
+    for tree in &r.trees {
+        for id in 1..tree.len() {
+            let Some(node) = tree.node(id) else { continue };
+            if node.step.as_ref().is_none_or(|s| s.response.is_empty()) {
+                continue; // a refused trajectory that generated nothing
+            }
+            let mut context = r.prompt_tokens.clone();
+            for s in tree.path(node.parent.unwrap_or(0)) {
+                context.extend(&s.response);
+                context.extend(&s.observation);
+            }
+            total += engine.encode_fresh(context)?;
+        }
+    }
+    Ok(total)
+}
+
+/// Roll out `method` on every task, `batch_prompts` at a time ([`Rollout::run_many`]; 1: one
+/// prompt at a time, 0: all together), then replay the re-encoding baseline.
 pub fn measure(
-    model: &CausalLm,
-    tok: &Tokenizer,
+    (model, tok): (&CausalLm, &Tokenizer),
     env: &EnvClient,
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
-    shape: TreeShape,
-    seed: u64,
-    batch_prompts: usize,
+    method: Method,
+    (seed, batch_prompts): (u64, usize),
 ) -> Result<BudgetRow, RolloutError> {
-    let label = if shape.n == 0 {
-        format!("chain n={}", shape.m)
-    } else {
-        format!("tree ({},{},{},{})", shape.m, shape.n, shape.l, shape.k)
-    };
-    use rand::SeedableRng;
+    let shape = method.shape();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut engine = Engine::new(model);
+    let mut replay = Engine::new(model);
     let mut row = BudgetRow {
-        label,
+        method,
         prompts: tasks.len(),
+        nominal_budget: method.budget(),
         trajectories_per_prompt: 0.0,
         tool_calls: 0,
         generated_tokens: 0,
         prefill_tokens: 0,
-        reencode_prefill_tokens: 0,
+        reencode_tokens: 0,
+        rollout_seconds: 0.0,
+        reencode_seconds: 0.0,
         mean_batch: 0.0,
     };
     let mut leaves = 0usize;
     let batch = if batch_prompts == 0 { tasks.len() } else { batch_prompts };
     for batch in tasks.chunks(batch.max(1)) {
+        let t = Instant::now();
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let rollouts = r.run_many(batch, shape, &mut rng)?;
+        row.rollout_seconds += t.elapsed().as_secs_f64();
         let cost = r.cost;
         row.tool_calls += cost.tool_calls;
         row.generated_tokens += cost.generated_tokens;
         row.prefill_tokens += cost.prefill_tokens;
+        let mut opened = Vec::new();
         for rollout in rollouts {
-            row.reencode_prefill_tokens += reencode_cost(&rollout);
+            let t = Instant::now();
+            row.reencode_tokens += reencode(&mut replay, &rollout)?;
+            row.reencode_seconds += t.elapsed().as_secs_f64();
             leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
             rollout.release(&mut engine);
-            env.close(rollout.episodes.clone())?;
+            opened.extend_from_slice(&rollout.episodes);
         }
+        env.close(&opened)?;
     }
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
     row.mean_batch = engine.stats.generated_sequences as f64 / engine.stats.generate_calls.max(1) as f64;
     Ok(row)
 }
 
+/// Every method on the same tasks, one prompt at a time, each from the same seed.
+pub fn compare(
+    (model, tok): (&CausalLm, &Tokenizer),
+    env: &EnvClient,
+    tasks: &[grove_protocol::TaskSpec],
+    agent: &AgentConfig,
+    methods: &[Method],
+    seed: u64,
+) -> Result<Vec<BudgetRow>, RolloutError> {
+    methods.iter().map(|m| measure((model, tok), env, tasks, agent, *m, (seed, 1))).collect()
+}
+
 pub fn format_rows(rows: &[BudgetRow]) -> String {
     let mut out = format!(
-        "{:<18} {:>8} {:>11} {:>10} {:>10} {:>12} {:>14} {:>7}\n",
-        "rollout", "prompts", "traj/prompt", "tool calls", "generated", "prefill (KV)", "prefill (re-enc)", "saved"
+        "{:<18} {:>7} {:>8} {:>11} {:>10} {:>10} {:>12} {:>14} {:>7}\n",
+        "rollout",
+        "prompts",
+        "budget*",
+        "traj/prompt",
+        "tool calls",
+        "generated",
+        "prefill (KV)",
+        "prefill (re-enc)",
+        "saved"
     );
     for r in rows {
-        let saved = 1.0 - r.prefill_tokens as f64 / r.reencode_prefill_tokens.max(1) as f64;
         out.push_str(&format!(
-            "{:<18} {:>8} {:>11.2} {:>10} {:>10} {:>12} {:>14} {:>6.1}%\n",
-            r.label,
+            "{:<18} {:>7} {:>8.1} {:>11.2} {:>10} {:>10} {:>12} {:>14} {:>6.1}%\n",
+            r.label(),
             r.prompts,
+            r.nominal_budget,
             r.trajectories_per_prompt,
             r.tool_calls,
             r.generated_tokens,
             r.prefill_tokens,
-            r.reencode_prefill_tokens,
-            100.0 * saved
+            r.reencode_tokens,
+            100.0 * r.prefill_saved()
         ));
     }
+    out.push_str("* modelled (spec §2.6); every other column is measured on these rollouts\n");
     out
 }

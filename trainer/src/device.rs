@@ -44,6 +44,29 @@ impl std::str::FromStr for DeviceRequest {
     }
 }
 
+impl std::fmt::Display for DeviceRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceRequest::Auto => f.write_str("auto"),
+            DeviceRequest::Cpu => f.write_str("cpu"),
+            DeviceRequest::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl serde::Serialize for DeviceRequest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DeviceRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Resolve a request against the devices libtorch actually sees.
 pub fn place(request: DeviceRequest) -> Result<Placement, DeviceError> {
     let cuda_count = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };

@@ -1,28 +1,20 @@
 //! Evaluation (spec §4.4 validation, §5.5): one trajectory per question, greedy or sampled; the
 //! pure EM / F1 of the answer (the env-server's `metric_value`) averaged per data source, with
-//! the number of tool calls per question.
+//! the number of tool calls per question. A question whose episode the server refused scores 0
+//! and is counted as not answered.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
+use crate::env::EnvClient;
 use crate::generate::Engine;
 use crate::model::CausalLm;
-use crate::rollout::agent::{AgentConfig, EnvClient, Rollout, RolloutError};
+use crate::rollout::agent::{AgentConfig, Rollout, RolloutError};
 use crate::tokenizer::Tokenizer;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceScore {
-    pub questions: usize,
-    /// Mean EM or F1, depending on the source.
-    pub score: f64,
-    pub tool_calls_per_question: f64,
-    /// Questions whose trajectory ended with an answer.
-    pub answered: usize,
-}
+pub use grove_rundir::{EvalPoint, EvalReport, EvalSelection, SourceScore};
 
-/// Per data source, plus `"all"`.
-pub type EvalReport = BTreeMap<String, SourceScore>;
+/// Questions evaluated per engine batch.
+pub const EVAL_BATCH: usize = 16;
 
 /// Evaluate `tasks` in batches of `batch` questions.
 pub fn evaluate(
@@ -46,11 +38,9 @@ pub fn evaluate(
         for (task, steps) in chunk.iter().zip(chains) {
             let last = steps.last();
             let metric = last.and_then(|s| s.metric).unwrap_or(0.0);
-            let tools = steps
-                .iter()
-                .filter(|s| s.kind == grove_protocol::ActionKind::Search && !s.observation.is_empty())
-                .count() as u64;
-            let answered = usize::from(last.is_some_and(|s| s.kind == grove_protocol::ActionKind::Answer));
+            let tools = steps.iter().filter(|s| s.is_tool_call()).count() as u64;
+            let answered =
+                usize::from(last.is_some_and(|s| s.kind == grove_protocol::ActionKind::Answer && s.failure.is_none()));
             for key in [task.data_source.clone(), "all".to_string()] {
                 let e = sums.entry(key).or_default();
                 e.0 += 1;
@@ -69,6 +59,24 @@ pub fn evaluate(
         .collect())
 }
 
+/// Evaluate `model` on the selected held-out questions greedily (and sampled with the agent's
+/// own settings when asked), as the point after `step` training steps.
+#[allow(clippy::too_many_arguments)]
+pub fn eval_point(
+    model: &CausalLm,
+    tok: &Tokenizer,
+    envs: &[EnvClient],
+    (tasks, selection): (&[grove_protocol::TaskSpec], EvalSelection),
+    agent: &AgentConfig,
+    sampled: bool,
+    step: u64,
+    seed: u64,
+) -> Result<EvalPoint, RolloutError> {
+    let greedy = evaluate(model, tok, envs, tasks, &agent.greedy(), EVAL_BATCH, seed)?;
+    let sampled = if sampled { Some(evaluate(model, tok, envs, tasks, agent, EVAL_BATCH, seed)?) } else { None };
+    Ok(EvalPoint { step, greedy, sampled, selection: Some(selection) })
+}
+
 /// A printable table of a report.
 pub fn format_report(report: &EvalReport) -> String {
     let mut out =
@@ -80,4 +88,19 @@ pub fn format_report(report: &EvalReport) -> String {
         ));
     }
     out
+}
+
+/// Human-readable form of an evaluation point.
+pub fn format_eval_point(p: &EvalPoint, agent: &AgentConfig) -> String {
+    let on = p.selection.map(|s| format!(" on {s}")).unwrap_or_default();
+    let mut s = format!("eval after step {}{on} (greedy):\n{}", p.step, format_report(&p.greedy));
+    if let Some(r) = &p.sampled {
+        s.push_str(&format!(
+            "(sampled, T={} top-p={}):\n{}",
+            agent.sampling.temperature,
+            agent.sampling.top_p,
+            format_report(r)
+        ));
+    }
+    s
 }

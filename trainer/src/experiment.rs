@@ -10,59 +10,45 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::eval::EvalReport;
+use crate::algo::advantage::Estimator;
+use crate::env::connect_all;
+use crate::eval::{EvalPoint, EvalReport, eval_point, format_eval_point};
+use crate::method::Method;
 use crate::model::load_model;
-use crate::run::{EvalPoint, RunOptions, RunSummary, agent_config, connect_envs, eval_point, held_out_tasks};
 use crate::tokenizer::Tokenizer;
-use crate::train::TrainConfig;
+use crate::train::{RunOptions, RunSummary, StepMetrics, TrainConfig, held_out};
 
-/// One arm: a rollout method and its budget (in complete trajectories per prompt).
+/// One arm: a rollout method (and, for ablations, an estimator other than the method's own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Arm {
-    pub label: String,
-    /// `chain` or `tree`.
-    pub method: String,
-    /// Chains per prompt (`chain`).
-    #[serde(default)]
-    pub chain_n: usize,
-    /// Tree shape (`tree`): M trees, N expansions per round, L rounds, k kept leaves per tree.
-    #[serde(default)]
-    pub m: usize,
-    #[serde(default)]
-    pub n: usize,
-    #[serde(default)]
-    pub l: usize,
-    #[serde(default)]
-    pub k: usize,
+    /// Default: the method's label (`tree (2,2,1)`, `chain n=4`), with the estimator when it is
+    /// not the method's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub method: Method,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimator: Option<Estimator>,
 }
 
 impl Arm {
-    pub fn chain(n: usize) -> Self {
-        Self { label: format!("chain n={n}"), method: "chain".into(), chain_n: n, m: 0, n: 0, l: 0, k: 0 }
+    pub fn new(method: Method) -> Self {
+        Self { label: None, method, estimator: None }
     }
 
-    pub fn tree(m: usize, n: usize, l: usize, k: usize) -> Self {
-        Self { label: format!("tree ({m},{n},{l})"), method: "tree".into(), chain_n: 0, m, n, l, k }
-    }
-
-    /// Expected rollout budget in complete trajectories per prompt (spec §2.6:
-    /// `M·(1 + N·L/2)` for a tree, `n` for chains).
-    pub fn budget(&self) -> f64 {
-        if self.method == "chain" {
-            self.chain_n as f64
-        } else {
-            self.m as f64 * (1.0 + (self.n * self.l) as f64 / 2.0)
+    pub fn label(&self) -> String {
+        if let Some(l) = &self.label {
+            return l.clone();
+        }
+        match self.estimator {
+            Some(e) if e != self.method.default_estimator() => format!("{} [{e}]", self.method.label()),
+            _ => self.method.label(),
         }
     }
 
     fn apply(&self, cfg: &mut TrainConfig) {
-        cfg.method = self.method.clone();
-        if self.method == "chain" {
-            cfg.chain_n = self.chain_n;
-        } else {
-            (cfg.m, cfg.n, cfg.l, cfg.k) = (self.m, self.n, self.l, self.k);
-        }
+        cfg.method = self.method;
+        cfg.estimator = self.estimator;
     }
 }
 
@@ -82,7 +68,10 @@ impl Default for ExperimentConfig {
         Self {
             train: TrainConfig::default(),
             seeds: vec![0, 1, 2],
-            arms: vec![Arm::chain(2), Arm::tree(1, 2, 1, 3), Arm::chain(4), Arm::tree(2, 2, 1, 3)],
+            arms: [Method::chain(2), Method::tree(1, 2, 1, 3), Method::chain(4), Method::tree(2, 2, 1, 3)]
+                .into_iter()
+                .map(Arm::new)
+                .collect(),
         }
     }
 }
@@ -108,11 +97,17 @@ pub struct ExperimentResults {
 /// raw results and the plots into `out`.
 pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<ExperimentResults> {
     let out = cfg.train.out_dir.clone();
+    // Every arm's settings are checked before anything runs.
+    for arm in &cfg.arms {
+        let mut train = cfg.train.clone();
+        arm.apply(&mut train);
+        train.step_config().with_context(|| format!("arm {}", arm.label()))?;
+    }
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     std::fs::write(out.join("experiment.toml"), toml::to_string_pretty(cfg)?)?;
     let start = evaluate_start(&cfg.train)?;
     if progress {
-        eprint!("{}", crate::run::format_eval_point(&start, &cfg.train.agent()));
+        eprint!("{}", format_eval_point(&start, &cfg.train.agent(None)));
     }
     let mut runs = Vec::new();
     for arm in &cfg.arms {
@@ -120,15 +115,15 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
             let mut train = cfg.train.clone();
             arm.apply(&mut train);
             train.seed = seed;
-            train.out_dir = out.join(slug(&arm.label)).join(format!("seed-{seed}"));
+            train.out_dir = out.join(slug(&arm.label())).join(format!("seed-{seed}"));
             train.eval_before = false;
-            let opts = RunOptions { resume: false, progress, label: format!("{} seed {seed}", arm.label) };
-            let summary = crate::run::run(&train, &opts)?;
+            let opts = RunOptions { resume: false, progress, label: format!("{} seed {seed}", arm.label()) };
+            let summary = crate::train::run(&train, &opts)?;
             if progress {
-                let em = summary.evals.last().and_then(|p| p.greedy.get("all")).map_or(0.0, |s| s.score);
-                eprintln!("{} seed {seed}: held-out EM {em:.3}", arm.label);
+                let em = summary.evals.last().map_or(0.0, EvalPoint::greedy_all);
+                eprintln!("{} seed {seed}: held-out EM {em:.3}", arm.label());
             }
-            runs.push(ArmRun { arm: arm.label.clone(), seed, summary });
+            runs.push(ArmRun { arm: arm.label(), seed, summary });
         }
     }
     let results = ExperimentResults { config: cfg.clone(), start, runs };
@@ -137,15 +132,16 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
 }
 
 fn evaluate_start(train: &TrainConfig) -> Result<EvalPoint> {
-    let placement = crate::device::place(train.device.parse().map_err(anyhow::Error::msg)?)?;
+    let placement = crate::device::place(train.device)?;
     let (_vs, model) = load_model(&train.model, placement.device, placement.kind)?;
     let tok = Tokenizer::from_dir(train.tokenizer.as_deref().unwrap_or(&train.model))?;
     if train.eval_data.is_none() {
         anyhow::bail!("the experiment needs eval_data (held-out questions)");
     }
-    let tasks = held_out_tasks(train)?;
-    let envs = connect_envs(train)?;
-    eval_point(&model, &tok, &envs, &tasks, &agent_config(train)?, false, (0, train.seed))
+    let (tasks, selection) = held_out(train)?;
+    let envs = connect_all(&train.env.0)?;
+    let agent = train.agent(train.prompt_template_text()?);
+    Ok(eval_point(&model, &tok, &envs, (&tasks, selection), &agent, false, 0, train.seed)?)
 }
 
 fn slug(label: &str) -> String {
@@ -177,10 +173,11 @@ pub struct TableRow {
     /// Mean and standard deviation over seeds, per held-out data source (and `all`).
     pub em: BTreeMap<String, (f64, f64)>,
     pub tool_calls_per_question: f64,
-    /// Rollout cost per training step, averaged over steps and seeds.
+    /// Measured rollout cost per prompt, averaged over steps and seeds: training rows,
+    /// generated tokens and tool calls.
     pub trajectories_per_prompt: f64,
-    pub generated_tokens_per_step: f64,
-    pub tool_calls_per_step: f64,
+    pub generated_tokens_per_prompt: f64,
+    pub tool_calls_per_prompt: f64,
 }
 
 /// Aggregate the runs of each arm (in the config's order).
@@ -192,7 +189,8 @@ pub fn table_rows(results: &ExperimentResults) -> Vec<TableRow> {
         .arms
         .iter()
         .map(|arm| {
-            let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == arm.label).collect();
+            let label = arm.label();
+            let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == label).collect();
             let finals: Vec<&EvalReport> =
                 runs.iter().filter_map(|r| r.summary.evals.last().map(|p| &p.greedy)).collect();
             let em = sources
@@ -203,19 +201,19 @@ pub fn table_rows(results: &ExperimentResults) -> Vec<TableRow> {
                 &finals.iter().map(|r| r.get("all").map_or(0.0, |s| s.tool_calls_per_question)).collect::<Vec<_>>(),
             )
             .0;
-            let steps: Vec<&crate::train::StepMetrics> = runs.iter().flat_map(|r| r.summary.metrics.iter()).collect();
-            let per_step = |f: &dyn Fn(&crate::train::StepMetrics) -> f64| {
-                steps.iter().map(|m| f(m)).sum::<f64>() / steps.len().max(1) as f64
+            let steps: Vec<&StepMetrics> = runs.iter().flat_map(|r| r.summary.metrics.iter()).collect();
+            let per_prompt = |f: &dyn Fn(&StepMetrics) -> f64| {
+                steps.iter().map(|m| f(m)).sum::<f64>() / steps.len().max(1) as f64 / prompts
             };
             TableRow {
-                label: arm.label.clone(),
-                budget: arm.budget(),
+                label,
+                budget: arm.method.budget(),
                 seeds: finals.len(),
                 em,
                 tool_calls_per_question: tools,
-                trajectories_per_prompt: per_step(&|m| m.rows as f64) / prompts,
-                generated_tokens_per_step: per_step(&|m| m.generated_tokens as f64),
-                tool_calls_per_step: per_step(&|m| m.tool_calls as f64),
+                trajectories_per_prompt: per_prompt(&|m| m.rows as f64),
+                generated_tokens_per_prompt: per_prompt(&|m| m.generated_tokens as f64),
+                tool_calls_per_prompt: per_prompt(&|m| m.tool_calls as f64),
             }
         })
         .collect()
@@ -230,7 +228,7 @@ pub fn format_table(results: &ExperimentResults) -> String {
         let _ = write!(s, " {src} EM |");
     }
     s.push_str(
-        " all EM | tools/question | trajectories/prompt | generated tokens/step | tool calls/step |\n|---|---|---|",
+        " all EM | tools/question | trajectories/prompt | generated tokens/prompt | tool calls/prompt |\n|---|---|---|",
     );
     for _ in 0..sources.len() + 5 {
         s.push_str("---|");
@@ -255,11 +253,11 @@ pub fn format_table(results: &ExperimentResults) -> String {
         }
         let _ = writeln!(
             s,
-            " {:.2} | {:.2} | {:.0} | {:.1} |",
+            " {:.2} | {:.2} | {:.0} | {:.2} |",
             row.tool_calls_per_question,
             row.trajectories_per_prompt,
-            row.generated_tokens_per_step,
-            row.tool_calls_per_step
+            row.generated_tokens_per_prompt,
+            row.tool_calls_per_prompt
         );
     }
     s
@@ -272,7 +270,8 @@ pub fn write_outputs(results: &ExperimentResults, out: &Path) -> Result<()> {
     let mut em_series = Vec::new();
     let mut reward_series = Vec::new();
     for arm in &results.config.arms {
-        let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == arm.label).collect();
+        let label = arm.label();
+        let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == label).collect();
         let mut em: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         em.entry(0).or_default().push(score(&results.start.greedy, "all"));
         let mut reward: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
@@ -287,9 +286,12 @@ pub fn write_outputs(results: &ExperimentResults, out: &Path) -> Result<()> {
         let mean = |m: BTreeMap<u64, Vec<f64>>| -> Vec<(f64, f64)> {
             m.into_iter().map(|(k, v)| (k as f64, mean_std(&v).0)).collect()
         };
-        em_series.push((arm.label.as_str(), mean(em)));
-        reward_series.push((arm.label.as_str(), mean(reward)));
+        em_series.push((label.clone(), mean(em)));
+        reward_series.push((label, mean(reward)));
     }
+    let em_series: Vec<(&str, Vec<(f64, f64)>)> = em_series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
+    let reward_series: Vec<(&str, Vec<(f64, f64)>)> =
+        reward_series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
     std::fs::write(
         out.join("em_vs_step.svg"),
         crate::plots::multi_line_chart("held-out EM (greedy, mean over seeds)", "training step", &em_series),

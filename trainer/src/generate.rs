@@ -27,7 +27,9 @@ pub struct SamplingParams {
     /// 0 disables it.
     pub top_k: usize,
     pub max_new_tokens: usize,
-    /// Generation stops once the decoded text contains one of these; the stop string is kept.
+    /// Generation stops at the token whose decoded text completes one of these. That token is
+    /// kept whole, so the text may run a few characters past the stop string: the text sent to
+    /// the environment is always the decoding of the tokens that are trained.
     pub stop: Vec<String>,
 }
 
@@ -64,7 +66,11 @@ pub struct Generation {
     pub seq: SeqId,
     /// The kept new tokens (EOS excluded; through the token that completed a stop string).
     pub tokens: Vec<u32>,
-    /// Their text, cut right after the stop string when one was hit.
+    /// The log-probability of each kept token under the distribution it was drawn from: the
+    /// logits divided by the temperature, before top-k / top-p truncation (the distribution the
+    /// trainer's log-probs recompute); unscaled logits when greedy.
+    pub logprobs: Vec<f32>,
+    /// Exactly the decoding of `tokens` (special tokens skipped).
     pub text: String,
     pub finish: Finish,
 }
@@ -195,6 +201,18 @@ impl<'m> Engine<'m> {
         self.seqs.remove(&seq);
     }
 
+    /// Encode `tokens` into a fresh cache (all but the last, as for a sequence about to
+    /// generate), then drop it: what re-encoding a context from scratch costs. Returns the tokens
+    /// encoded.
+    pub fn encode_fresh(&mut self, tokens: Vec<u32>) -> Result<u64, EngineError> {
+        let before = self.stats.prefill_tokens;
+        let id = self.add(tokens, 0)?;
+        let done = self.prefill(id);
+        self.remove(id);
+        done?;
+        Ok(self.stats.prefill_tokens - before)
+    }
+
     /// Encode everything but the last token of `seq` into its cache.
     fn prefill(&mut self, seq: SeqId) -> Result<(), EngineError> {
         let device = self.device();
@@ -240,7 +258,13 @@ impl<'m> Engine<'m> {
         if params.max_new_tokens == 0 {
             return Ok(seqs
                 .iter()
-                .map(|&seq| Generation { seq, tokens: Vec::new(), text: String::new(), finish: Finish::Length })
+                .map(|&seq| Generation {
+                    seq,
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    text: String::new(),
+                    finish: Finish::Length,
+                })
                 .collect());
         }
         // The batch: rows left-padded to the longest cache.
@@ -257,6 +281,7 @@ impl<'m> Engine<'m> {
         let mut pos: Vec<i64> = lens;
         let mut next: Vec<i64> = rows.iter().map(|s| i64::from(*self.seqs[s].tokens.last().unwrap_or(&0))).collect();
         let mut generated: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
+        let mut generated_lp: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
         let mut step = 0usize;
         while !rows.is_empty() {
             let b = rows.len() as i64;
@@ -264,17 +289,21 @@ impl<'m> Engine<'m> {
             let p = Tensor::from_slice(&pos).view([b, 1]).to_device(device);
             mask = Tensor::cat(&[&mask, &Tensor::ones([b, 1], (Kind::Int64, device))], 1);
             let logits = tch::no_grad(|| self.model.forward_last(&ids, &p, &mask, Some(&mut cache)));
+            // The distribution sampled from (temperature applied), for the whole batch at once.
+            let scale = if params.temperature > 0.0 { params.temperature } else { 1.0 };
+            let logp = (logits.to_kind(Kind::Float) / scale).log_softmax(-1, Kind::Float);
             step += 1;
             let mut keep_rows = Vec::new();
             for (r, &seq) in rows.iter().enumerate() {
-                let row_logits = logits.get(r as i64);
+                let row_logp = logp.get(r as i64);
                 let state = self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSequence(seq))?;
-                let token = sample(&row_logits, params, &mut state.rng);
+                let token = sample(&row_logp, params, &mut state.rng);
                 self.stats.generated_tokens += 1;
                 let finish = if tok.eos_ids.contains(&token) {
                     Some(Finish::Eos)
                 } else {
                     generated[r].push(token);
+                    generated_lp[r].push(row_logp.double_value(&[i64::from(token)]) as f32);
                     let text = tok.decode(&generated[r], true)?;
                     if params.stop.iter().any(|s| text.contains(s.as_str())) {
                         Some(Finish::Stop)
@@ -300,11 +329,9 @@ impl<'m> Engine<'m> {
                         let hold = state.tokens.len() as i64 - 1;
                         state.cache = Some(row_cache.narrow_positions(start, hold));
                         state.cached = hold as usize;
-                        let mut text = tok.decode(&kept, true)?;
-                        if f == Finish::Stop {
-                            text = cut_after_stop(&text, &params.stop);
-                        }
-                        results.insert(seq, Generation { seq, tokens: kept, text, finish: f });
+                        let text = tok.decode(&kept, true)?;
+                        let logprobs = std::mem::take(&mut generated_lp[r]);
+                        results.insert(seq, Generation { seq, tokens: kept, logprobs, text, finish: f });
                     }
                 }
             }
@@ -315,6 +342,7 @@ impl<'m> Engine<'m> {
                 mask = mask.index_select(0, &idx);
                 rows = keep_rows.iter().map(|r| rows[*r]).collect();
                 generated = keep_rows.iter().map(|r| std::mem::take(&mut generated[*r])).collect();
+                generated_lp = keep_rows.iter().map(|r| std::mem::take(&mut generated_lp[*r])).collect();
                 pos = keep_rows.iter().map(|r| pos[*r]).collect();
             }
             next = generated.iter().map(|g| i64::from(*g.last().unwrap_or(&0))).collect();
@@ -341,22 +369,13 @@ impl<'m> Engine<'m> {
     }
 }
 
-/// The text up to and including the first stop string.
-fn cut_after_stop(text: &str, stops: &[String]) -> String {
-    let cut = stops.iter().filter_map(|s| text.find(s.as_str()).map(|i| i + s.len())).min();
-    match cut {
-        Some(end) => text[..end].to_string(),
-        None => text.to_string(),
-    }
-}
-
-/// Draw one token from `logits` (`[vocab]`): greedy at temperature 0, else temperature, top-k
-/// and top-p, with the sequence's own random stream.
-fn sample(logits: &Tensor, params: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
+/// Draw one token from `logp` (`[vocab]`, log-probabilities with the temperature applied):
+/// greedy at temperature 0, else top-k and top-p, with the sequence's own random stream.
+fn sample(logp: &Tensor, params: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     if params.temperature <= 0.0 {
-        return logits.argmax(-1, false).int64_value(&[]) as u32;
+        return logp.argmax(-1, false).int64_value(&[]) as u32;
     }
-    let probs = (logits.to_kind(Kind::Float) / params.temperature).softmax(-1, Kind::Float);
+    let probs = logp.exp();
     let vocab = probs.size()[0];
     // With top-k, only the k largest need ordering.
     let (sorted, idx) = if params.top_k > 0 && (params.top_k as i64) < vocab {

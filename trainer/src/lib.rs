@@ -9,22 +9,29 @@
 pub mod algo;
 pub mod bench;
 pub mod budget;
+pub mod data;
 pub mod device;
+pub mod env;
 pub mod eval;
 pub mod experiment;
 pub mod generate;
 pub mod gguf;
 pub mod import;
 pub mod logprobs;
+pub mod method;
 pub mod model;
 pub mod openai;
 pub mod optim;
 pub mod plots;
 pub mod rollout;
-pub mod run;
+pub mod rows;
 pub mod scratch;
 pub mod scripted;
 pub mod sft;
 pub mod tokenizer;
 pub mod train;
+pub mod warmstart;
 pub mod world;
+
+/// The run folder's layout and records (its own crate, so that `xtask` reads runs without libtorch).
+pub use grove_rundir as rundir;

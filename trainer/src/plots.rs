@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::train::StepMetrics;
+use grove_rundir::StepMetrics;
 
 /// The series drawn by [`write_training_plots`]: (file stem, title, value).
 #[allow(clippy::type_complexity)]
@@ -103,12 +103,6 @@ pub fn write_training_plots(dir: &Path, metrics: &[StepMetrics]) -> std::io::Res
         std::fs::write(dir.join(format!("{stem}.svg")), line_chart(title, "training step", &points))?;
     }
     Ok(())
-}
-
-/// Read `metrics.jsonl` back.
-pub fn read_metrics(dir: &Path) -> std::io::Result<Vec<StepMetrics>> {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
-    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
 }
 
 #[cfg(test)]

@@ -27,6 +27,27 @@ pub enum ScratchError {
     Config(#[from] crate::model::ConfigError),
 }
 
+/// The texts a small policy's tokenizer is trained on: every passage of a wiki-18 corpus, and
+/// the questions of a QA file rendered as the prompts the model will read (through `template`,
+/// with its `{question}` placeholder, when given).
+pub fn tokenizer_corpus(
+    corpus: &Path,
+    questions: Option<&Path>,
+    template: Option<&str>,
+) -> Result<Vec<String>, grove_datasets::DatasetError> {
+    use grove_datasets::OnBadRow;
+    let mut texts: Vec<String> =
+        grove_datasets::loaders::load_wiki18(corpus, OnBadRow::Fail)?.items.iter().map(|p| p.contents()).collect();
+    if let Some(q) = questions {
+        let examples = grove_datasets::loaders::load_qa_jsonl(q, "qa", None, OnBadRow::Fail)?.items;
+        texts.extend(examples.into_iter().map(|e| match template {
+            Some(t) => t.replace("{question}", &e.question),
+            None => e.question,
+        }));
+    }
+    Ok(texts)
+}
+
 /// Train a byte-level BPE of about `vocab_size` tokens on `texts`; write `tokenizer.json` and a
 /// `tokenizer_config.json` (ChatML template) into `out_dir`. Returns the real vocabulary size.
 pub fn train_bpe<S: AsRef<str> + Send + Sync>(

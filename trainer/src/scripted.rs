@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use grove_datasets::synthetic::{SyntheticQuestion, World};
 use grove_protocol::{EpisodeOptions, TaskSpec};
 
-use crate::rollout::agent::{EnvClient, RolloutError};
+use crate::env::{EnvClient, EnvError};
 use crate::sft::{SftStep, Trajectory};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -51,13 +51,40 @@ pub fn task_of(q: &SyntheticQuestion) -> TaskSpec {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("env-server: {0}")]
+    Client(#[from] grove_protocol::client::ClientError),
+    #[error("env-server refused the episode: {0}")]
+    Refused(grove_protocol::ErrorInfo),
+}
+
+/// Play every question `passes` times (pass p with seed `cfg.seed + p`, so each pass makes
+/// different imperfections).
+pub fn play_passes(
+    world: &World,
+    questions: &[SyntheticQuestion],
+    env: &EnvClient,
+    cfg: &ScriptConfig,
+    passes: usize,
+) -> Result<Vec<Played>, ScriptError> {
+    let mut played = Vec::new();
+    for pass in 0..passes {
+        let pass_cfg = ScriptConfig { seed: cfg.seed + pass as u64, ..cfg.clone() };
+        played.extend(play(world, questions, env, &pass_cfg)?);
+    }
+    Ok(played)
+}
+
 /// Play every question once through `env`.
 pub fn play(
     world: &World,
     questions: &[SyntheticQuestion],
     env: &EnvClient,
     cfg: &ScriptConfig,
-) -> Result<Vec<Played>, RolloutError> {
+) -> Result<Vec<Played>, ScriptError> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut out = Vec::with_capacity(questions.len());
     for q in questions {
@@ -67,10 +94,10 @@ pub fn play(
             topk: cfg.topk,
             ..Default::default()
         };
-        let created = env.block_on(env.client().create_episodes(vec![task_of(q)], opts))?;
+        let created = env.create(vec![task_of(q)], &opts)?;
         let start = match created.into_iter().next() {
             Some(Ok(s)) => s,
-            Some(Err(e)) => return Err(RolloutError::Env(e)),
+            Some(Err(e)) => return Err(ScriptError::Refused(e)),
             None => continue,
         };
         let hops = q.chain.len();
@@ -99,7 +126,7 @@ pub fn play(
             correct = r.metric_value > 0.0;
         }
         steps.push(SftStep { action, observation: String::new() });
-        env.close(vec![start.episode])?;
+        env.close(&[start.episode])?;
         out.push(Played { trajectory: Trajectory { prompt: start.prompt, steps }, reward, correct });
     }
     Ok(out)

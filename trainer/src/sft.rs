@@ -11,10 +11,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::logprobs::score_sequences;
+use crate::logprobs::{ScoreOptions, Span, score_spans};
 use crate::model::CausalLm;
 use crate::optim::AdamW;
-use crate::rollout::agent::TrainingRow;
+use crate::rows::TrainingRow;
 use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,18 +79,28 @@ pub fn tokenize(tok: &Tokenizer, t: &Trajectory) -> Result<TrainingRow, SftError
             response.extend(o);
         }
     }
-    Ok(TrainingRow { prompt, response, loss_mask, reward: 0.0, prompt_group: 0, tree_group: 0 })
+    Ok(TrainingRow {
+        prompt,
+        response,
+        loss_mask,
+        sampled_logprobs: Vec::new(),
+        reward: 0.0,
+        metric: 0.0,
+        prompt_group: 0,
+        tree_group: 0,
+        failure: None,
+    })
 }
 
 /// Mean negative log-likelihood of the masked (action) tokens of `rows`.
 fn masked_nll(model: &CausalLm, rows: &[&TrainingRow], with_grad: bool) -> Tensor {
-    let seqs: Vec<Vec<u32>> = rows.iter().map(|r| [r.prompt.as_slice(), r.response.as_slice()].concat()).collect();
-    let scored = score_sequences(model, &seqs, rows.len().max(1), with_grad);
+    let spans: Vec<Span<'_>> = rows.iter().map(|r| Span { prompt: &r.prompt, response: &r.response }).collect();
+    let scored =
+        score_spans(model, &spans, ScoreOptions { micro_batch: rows.len().max(1), temperature: 1.0, with_grad });
     let mut sums = Vec::with_capacity(rows.len());
     let mut count = 0usize;
     for (s, r) in scored.iter().zip(rows) {
-        let start = r.prompt.len() as i64 - 1;
-        let lp = s.logprobs.narrow(0, start, r.response.len() as i64);
+        let lp = &s.logprobs;
         let mask = Tensor::from_slice(&r.loss_mask.iter().map(|m| f32::from(*m)).collect::<Vec<_>>())
             .to_device(model.device());
         sums.push((lp * &mask).sum(Kind::Float));
@@ -127,6 +137,55 @@ pub fn sft_epoch(
         opt.step(lr);
     }
     losses
+}
+
+/// How an SFT run goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SftConfig {
+    pub epochs: usize,
+    pub lr: f64,
+    /// Trajectories per optimiser step.
+    pub batch: usize,
+}
+
+/// What an SFT run did: the action NLL before and after, and each epoch's mean step loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftReport {
+    pub nll_before: f64,
+    pub nll_after: f64,
+    pub epoch_losses: Vec<f64>,
+}
+
+/// Progress of an SFT run, for the command line's bar.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SftProgress {
+    Step { epoch: usize, loss: f64 },
+    EpochDone { epoch: usize, mean_loss: f64 },
+}
+
+/// SFT for `cfg.epochs` epochs (epoch e shuffled with seed e), reporting each optimiser step.
+pub fn train(
+    model: &CausalLm,
+    opt: &mut AdamW,
+    rows: &[TrainingRow],
+    cfg: SftConfig,
+    on_progress: &mut dyn FnMut(SftProgress),
+) -> SftReport {
+    let nll_before = evaluate_nll(model, rows, cfg.batch);
+    let mut epoch_losses = Vec::with_capacity(cfg.epochs);
+    for epoch in 0..cfg.epochs {
+        let mut on_step = |loss: f64| on_progress(SftProgress::Step { epoch, loss });
+        let losses = sft_epoch(model, opt, rows, (cfg.batch, cfg.lr, epoch as u64), &mut on_step);
+        let mean_loss = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
+        on_progress(SftProgress::EpochDone { epoch, mean_loss });
+        epoch_losses.push(mean_loss);
+    }
+    SftReport { nll_before, nll_after: evaluate_nll(model, rows, cfg.batch), epoch_losses }
+}
+
+/// Optimiser steps of one epoch over `rows` in batches of `batch`.
+pub fn steps_per_epoch(rows: &[TrainingRow], batch: usize) -> usize {
+    rows.iter().filter(|r| !r.prompt.is_empty() && !r.response.is_empty()).count().div_ceil(batch.max(1))
 }
 
 /// Mean action-token NLL of `rows`, without grad, scored `batch` rows at a time.

@@ -39,7 +39,8 @@ fn train_resume_and_eval_from_the_command_line() {
         &config,
         format!(
             "model = {model:?}\nenv = {url:?}\ntrain_data = {data:?}\neval_data = {data:?}\nout_dir = {out:?}\n\
-             steps = 2\nprompts_per_step = 1\nm = 2\nn = 1\nl = 1\nk = 2\nmax_turns = 1\nmax_new_tokens = 4\n\
+             steps = 2\nprompts_per_step = 1\nmethod = {{ kind = \"tree\", m = 2, n = 1, l = 1, k = 2 }}\n\
+             max_turns = 1\nmax_new_tokens = 4\n\
              micro_batch = 4\nmini_batches = 1\neval_every = 1\neval_max_questions = 2\nsave_every = 1\n\
              lr = 0.001\nwarmup_ratio = 0.0\ndevice = \"cpu\"\n"
         ),
@@ -139,12 +140,84 @@ fn train_resume_and_eval_from_the_command_line() {
         .unwrap();
     assert!(budget.status.success(), "{}", String::from_utf8_lossy(&budget.stderr));
     let table = String::from_utf8_lossy(&budget.stdout);
-    assert!(table.contains("tree (2,2,1,3)") && table.contains("chain n=4"), "{table}");
-    // A config with an unknown key is refused with its name.
-    std::fs::write(&config, "modle = \"x\"\n").unwrap();
-    let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();
+    assert!(table.contains("tree (2,2,1)") && table.contains("chain n=4"), "{table}");
+    // A config with an unknown key, method or value is refused with what is accepted; so is a
+    // method the paper does not have, from the file or the command line.
+    for (text, says) in [
+        ("modle = \"x\"\n", "unknown field `modle`"),
+        ("method = { kind = \"Chain\", n = 4 }\n", "unknown variant `Chain`, expected `tree` or `chain`"),
+        ("method = { kind = \"chain\", n = 4, k = 1 }\n", "unknown field `k`, expected `n`"),
+        ("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n", "needs tree rollouts"),
+        ("loss_agg = \"mean\"\n", "token-mean"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();
+        assert!(!bad.status.success(), "{text}");
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(stderr.contains(says), "{text}: {stderr}");
+    }
+    std::fs::write(&config, "").unwrap();
+    let bad = Command::new(bin)
+        .args(["train", "--method", "chain:4", "--estimator", "tree", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("modle"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("needs tree rollouts"));
+    let bad = Command::new(bin).args(["train", "--method", "chain", "--config"]).arg(&config).output().unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected `tree:M,N,L,K`"));
+}
+
+/// `trainer train --config` with `method = { kind = "chain", n = 4 }`, the way a user runs chain
+/// GRPO: with a policy that earns rewards, every prompt group's advantages sum to zero (GRPO
+/// centres them). Under the tree estimator, which chain runs used to get, a chain is a one-leaf
+/// tree and each group's sum would be the sum of its rewards.
+#[test]
+fn chain_grpo_from_the_command_line_centres_every_group() {
+    use grove_trainer::warmstart::{WarmStart, warm_start};
+    let work = tempfile::tempdir().unwrap();
+    let spec = grove_trainer::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 4 };
+    let world = spec.write(&work.path().join("world")).unwrap();
+    let (_rt, url) = env_server(&world.corpus());
+    let env = grove_trainer::env::EnvClient::connect(&url, Default::default()).unwrap();
+    let policy = warm_start(&env, &world, &work.path().join("warm"), &WarmStart::tiny()).unwrap().policy;
+    let out = work.path().join("chain");
+    let config = work.path().join("chain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {policy:?}\nenv = {url:?}\ntrain_data = {train:?}\nprompt_template = {prompt:?}\n\
+             data_source = \"synthetic\"\nout_dir = {out:?}\nsteps = 3\nprompts_per_step = 4\n\
+             method = {{ kind = \"chain\", n = 4 }}\nmax_turns = 4\nmax_obs_tokens = 200\nmax_new_tokens = 48\n\
+             topk = 1\nmicro_batch = 8\nmini_batches = 2\nlr = 1e-4\neval_every = 0\nsave_every = 0\n\
+             save_rollouts = true\ndevice = \"cpu\"\n",
+            train = world.train(),
+            prompt = world.prompt(),
+        ),
+    )
+    .unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_trainer")).args(["train", "--config"]).arg(&config).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("chain n=4 with estimator grpo"), "{stderr}");
+    let dir = grove_rundir::RunDir::new(&out);
+    let mut unequal = 0;
+    for step in 0..3 {
+        let rows = dir.rollouts(step).unwrap();
+        assert_eq!(rows.len(), 4 * 4);
+        for prompt in 0..4 {
+            let group: Vec<_> = rows.iter().filter(|r| r.prompt == prompt).collect();
+            assert_eq!(group.len(), 4);
+            let sum: f64 = group.iter().map(|r| r.advantage).sum();
+            assert!(sum.abs() < 1e-6, "step {step} prompt {prompt}: advantages sum to {sum}: {group:?}");
+            if group.iter().any(|r| r.reward != group[0].reward) {
+                unequal += 1;
+                assert!(group.iter().any(|r| r.advantage > 0.0) && group.iter().any(|r| r.advantage < 0.0));
+            }
+        }
+    }
+    assert!(unequal > 0, "no group with unequal rewards: the check compared nothing");
+    assert_eq!(dir.metrics().unwrap().len(), 3);
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! clear report of what was lost, and after the server is back `--resume` finishes the run, again
 //! with the weights of the uninterrupted run.
 //!
-//! The env-server runs as a separate process: this test binary re-executed in server mode (the
-//! `env_server_process` test below, which does nothing unless its environment says so).
+//! The env-server runs as a separate process: this test binary re-executed in server mode. The
+//! binary has its own `main` (`harness = false`): with the two server variables set it serves,
+//! otherwise it runs the scenario, so `cargo test` always runs it.
 
 mod common;
 
@@ -21,10 +22,30 @@ use grove_env_server::{Backends, run};
 const SERVE_CORPUS: &str = "GROVE_FAULTS_SERVE_CORPUS";
 const SERVE_BIND: &str = "GROVE_FAULTS_SERVE_BIND";
 
-/// Server mode: serve the corpus named by the environment until killed.
-#[test]
-fn env_server_process() {
-    let (Ok(corpus), Ok(bind)) = (std::env::var(SERVE_CORPUS), std::env::var(SERVE_BIND)) else { return };
+fn main() {
+    match (std::env::var(SERVE_CORPUS), std::env::var(SERVE_BIND)) {
+        (Ok(corpus), Ok(bind)) => serve(&corpus, &bind),
+        _ => {
+            // `cargo test -- --list` and filters ask the harness; answer like one.
+            let args: Vec<String> = std::env::args().collect();
+            if args.iter().any(|a| a == "--list") {
+                println!("kill_9_the_trainer_or_the_env_server_then_resume: test");
+                return;
+            }
+            let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
+            if filter.is_some_and(|f| !"kill_9_the_trainer_or_the_env_server_then_resume".contains(f.as_str())) {
+                println!("running 0 tests");
+                return;
+            }
+            println!("running 1 test");
+            kill_9_the_trainer_or_the_env_server_then_resume();
+            println!("test kill_9_the_trainer_or_the_env_server_then_resume ... ok");
+        }
+    }
+}
+
+/// Server mode: serve the corpus until killed.
+fn serve(corpus: &str, bind: &str) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let index_dir = PathBuf::from(format!("{corpus}.index-{}", std::process::id()));
     let index = LocalIndex::open_or_build(Path::new(&corpus), Some(&index_dir), &mut |_| {}).unwrap();
@@ -40,7 +61,7 @@ struct EnvProcess(Child);
 impl EnvProcess {
     fn start(corpus: &Path, port: u16) -> EnvProcess {
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "env_server_process", "--nocapture", "--test-threads=1"])
+            .arg("serve")
             .env(SERVE_CORPUS, corpus)
             .env(SERVE_BIND, format!("127.0.0.1:{port}"))
             .stdout(Stdio::null())
@@ -75,7 +96,8 @@ fn write_config(path: &Path, model: &Path, data: &Path, out: &Path, port: u16) {
         path,
         format!(
             "model = {model:?}\nenv = \"ws://127.0.0.1:{port}/\"\ntrain_data = {data:?}\nout_dir = {out:?}\n\
-             steps = {STEPS}\nprompts_per_step = 2\nm = 2\nn = 1\nl = 1\nk = 2\nmax_turns = 2\nmax_new_tokens = 8\n\
+             steps = {STEPS}\nprompts_per_step = 2\nmethod = {{ kind = \"tree\", m = 2, n = 1, l = 1, k = 2 }}\n\
+             max_turns = 2\nmax_new_tokens = 8\n\
              micro_batch = 4\nmini_batches = 2\neval_every = 0\nsave_every = 1\nlr = 0.001\nwarmup_ratio = 0.0\n\
              device = \"cpu\"\n"
         ),
@@ -121,7 +143,6 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-#[test]
 fn kill_9_the_trainer_or_the_env_server_then_resume() {
     let work = tempfile::tempdir().unwrap();
     let model = work.path().join("model");

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use grove_trainer::logprobs::score_sequences;
+use grove_trainer::logprobs::{ScoreOptions, Span, score_sequences, score_spans};
 use grove_trainer::model::load_model;
 use tch::{Device, Kind, Tensor};
 
@@ -29,7 +29,7 @@ fn logprobs_match_transformers_at_any_micro_batch() {
     // Plus a short one, so that right padding inside a micro-batch is exercised.
     seqs.push(vec![3, 4]);
     for micro in [1, 2, 3] {
-        let scored = score_sequences(&lm, &seqs, micro, false);
+        let scored = score_sequences(&lm, &seqs, ScoreOptions { micro_batch: micro, ..Default::default() });
         assert_eq!(scored.len(), 3);
         for r in 0..2 {
             let n = seqs[r].len() as i64 - 1;
@@ -41,9 +41,43 @@ fn logprobs_match_transformers_at_any_micro_batch() {
         assert_eq!(scored[2].logprobs.size(), [1]);
     }
     // With grad: the loss reaches the parameters.
-    let scored = score_sequences(&lm, &seqs[..1], 1, true);
+    let scored =
+        score_sequences(&lm, &seqs[..1], ScoreOptions { micro_batch: 1, with_grad: true, ..Default::default() });
     let loss: Tensor = -scored[0].logprobs.mean(Kind::Float) - scored[0].entropy.mean(Kind::Float) * 0.01;
     loss.backward();
     let grads: f64 = vs.trainable_variables().iter().map(|v| v.grad().abs().sum(Kind::Float).double_value(&[])).sum();
     assert!(grads > 0.0);
+}
+
+/// Responses scored after their prompts equal the same positions of the whole sequence, and at a
+/// sampling temperature the log-probs and entropies are those of logits / T.
+#[test]
+fn response_spans_at_a_temperature() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/qwen2-tiny");
+    let (_vs, lm) = load_model(&dir, Device::Cpu, Kind::Float).unwrap();
+    let seq: Vec<u32> = vec![5, 17, 99, 3, 42, 8, 61, 7];
+    let (prompt, response) = seq.split_at(3);
+    let t = 0.7;
+    let spans = [Span { prompt, response }, Span { prompt: &seq[..1], response: &seq[1..] }];
+    let scored = score_spans(&lm, &spans, ScoreOptions { micro_batch: 2, temperature: t, with_grad: false });
+    assert_eq!(scored[0].logprobs.size(), [5]);
+    let tail = scored[1].logprobs.narrow(0, 2, 5);
+    assert!((&scored[0].logprobs - &tail).abs().max().double_value(&[]) < 1e-5, "a span is its sequence's tail");
+    // By hand: logits of the whole sequence, divided by T.
+    let ids = Tensor::from_slice(&seq.iter().map(|x| i64::from(*x)).collect::<Vec<_>>()).view([1, -1]);
+    let pos = Tensor::arange(seq.len() as i64, (Kind::Int64, Device::Cpu)).view([1, -1]);
+    let mask = Tensor::ones([1, seq.len() as i64], (Kind::Int64, Device::Cpu));
+    let logits = tch::no_grad(|| lm.forward(&ids, &pos, &mask, None)).get(0);
+    let logp = (logits / t).log_softmax(-1, Kind::Float);
+    for (i, &tok) in response.iter().enumerate() {
+        let want = logp.get(2 + i as i64).double_value(&[i64::from(tok)]);
+        let got = scored[0].logprobs.double_value(&[i as i64]);
+        assert!((want - got).abs() < 1e-5, "token {i}: {got} vs {want}");
+        let p = logp.get(2 + i as i64).exp();
+        let h = -(&p * logp.get(2 + i as i64)).sum(Kind::Float).double_value(&[]);
+        assert!((h - scored[0].entropy.double_value(&[i as i64])).abs() < 1e-4, "entropy {i}");
+    }
+    // At T = 1 the values differ: the temperature is really applied.
+    let plain = score_spans(&lm, &spans[..1], ScoreOptions::default());
+    assert!((&plain[0].logprobs - &scored[0].logprobs).abs().max().double_value(&[]) > 1e-3);
 }

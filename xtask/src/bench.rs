@@ -127,7 +127,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             &args.train_len.to_string(),
             "--turns",
             &args.turns.to_string(),
-            "--budget-prompts",
+            "--prompts",
             &args.budget_prompts.to_string(),
         ]);
         if let Some((server, dir)) = &policy {

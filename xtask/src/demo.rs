@@ -100,7 +100,7 @@ pub(crate) fn smollm2_hf(trainer: &Path) -> Result<PathBuf> {
         if !gguf.exists() {
             bail!("{} is missing; run `cargo xtask assets`", gguf.display());
         }
-        util::run_cmd(Command::new(trainer).arg("import-gguf").arg(&gguf).arg(&hf))?;
+        util::run_cmd(Command::new(trainer).arg("import-gguf").arg(&gguf).arg("--out").arg(&hf))?;
     }
     Ok(hf)
 }
@@ -115,29 +115,10 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
     Ok(PathBuf::from(v["target_directory"].as_str().context("no target_directory")?))
 }
 
-/// One row of a `trainer` evaluation report: (data source, questions, score, tools/question).
-type ReportRow = (String, u64, f64, f64);
-
-/// The rows of the report at `pointer` (a JSON pointer: `/greedy` in an `eval-<step>.json`
-/// written by `trainer train`, empty for a `trainer eval --json` file).
-fn read_report(path: &Path, pointer: &str) -> Result<Vec<ReportRow>> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?)?;
-    let report = v
-        .pointer(pointer)
-        .and_then(serde_json::Value::as_object)
-        .with_context(|| format!("{}: no report at `{pointer}`", path.display()))?;
-    Ok(report
-        .iter()
-        .map(|(k, s)| {
-            (
-                k.clone(),
-                s["questions"].as_u64().unwrap_or(0),
-                s["score"].as_f64().unwrap_or(0.0),
-                s["tool_calls_per_question"].as_f64().unwrap_or(0.0),
-            )
-        })
-        .collect())
+/// The report `trainer eval --json` wrote.
+fn read_eval_json(path: &Path) -> Result<grove_rundir::EvalReport> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not an evaluation report", path.display()))
 }
 
 /// The built binaries and the output folder of a demo, an experiment or the bench's policy.
@@ -219,7 +200,7 @@ impl Ctx {
             "world/corpus.jsonl",
             "--questions",
             "world/train.jsonl",
-            "--prompt",
+            "--prompt-template",
             "world/prompt.txt",
             "--out",
             "init",
@@ -258,8 +239,9 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(out.join("rl"));
     ctx.trainer(&["train", "--config", "train.toml"])?;
     drop(server);
-    let before = read_report(&out.join("rl/eval-0.json"), "/greedy")?;
-    let after = read_report(&out.join(format!("rl/eval-{}.json", args.steps)), "/greedy")?;
+    let run = grove_rundir::RunDir::new(out.join("rl"));
+    let before = run.eval(0)?.greedy;
+    let after = run.eval(args.steps)?.greedy;
 
     let mut smol = None;
     if !args.skip_smollm2 {
@@ -280,23 +262,25 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
             cmd.args(["--max-questions", &n.to_string()]);
         }
         util::run_cmd(cmd.current_dir(out))?;
-        smol = read_report(&out.join("smollm2-fanoutqa.json"), "")?.into_iter().find(|r| r.0 == "all");
+        smol = read_eval_json(&out.join("smollm2-fanoutqa.json"))?.remove("all");
     }
 
     util::banner("demo summary");
     println!("small policy (from scratch, SFT warm start) on held-out synthetic questions, greedy EM:");
     println!("  {:<18} {:>8} {:>8} {:>16}", "data source", "before", "after", "tools/q after");
-    for (src, _, em, _) in &before {
-        let (a, tools) = after.iter().find(|r| &r.0 == src).map_or((0.0, 0.0), |r| (r.2, r.3));
-        println!("  {src:<18} {em:>8.3} {a:>8.3} {tools:>16.2}");
+    for (src, b) in &before {
+        let (a, tools) = after.get(src).map_or((0.0, 0.0), |s| (s.score, s.tool_calls_per_question));
+        println!("  {src:<18} {:>8.3} {a:>8.3} {tools:>16.2}", b.score);
     }
-    if let Some((_, n, em, tools)) = smol {
+    if let Some(s) = smol {
         println!(
-            "SmolLM2-135M-Instruct ReAct on {n} answerable FanOutQA questions: EM {em:.3}, {tools:.2} tool calls per question"
+            "SmolLM2-135M-Instruct ReAct on {} answerable FanOutQA questions: EM {:.3}, {:.2} tool calls per question",
+            s.questions, s.score, s.tool_calls_per_question
         );
     }
     println!("plots (reward, EM, KL, entropy, tool calls): {}/rl/*.svg", out.display());
-    println!("checkpoint: {}", out.join("rl").join(std::fs::read_to_string(out.join("rl/latest"))?.trim()).display());
+    let checkpoint = run.latest_checkpoint().context("the training run wrote no checkpoint")?;
+    println!("checkpoint: {}", checkpoint.display());
     println!("demo took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     Ok(())
 }
@@ -309,11 +293,7 @@ fn demo_train_config(env: &str, args: &DemoArgs) -> String {
 out_dir = "rl"
 steps = {steps}
 prompts_per_step = {prompts}
-method = "tree"
-m = 2
-n = 2
-l = 1
-k = 3
+method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
 {common}
 eval_every = {steps}
 eval_before = true
@@ -354,7 +334,6 @@ micro_batch = 8
 mini_batches = 4
 kl_coef = 0.001
 entropy_coef = 0.0
-eval_max_questions = 512
 topk = 1";
 
 /// Knobs of `cargo xtask experiment`.
@@ -400,30 +379,16 @@ eval_sampled = false
 save_every = 0
 
 [[arms]]
-label = "chain n=2"
-method = "chain"
-chain_n = 2
+method = {{ kind = "chain", n = 2 }}
 
 [[arms]]
-label = "tree (1,2,1)"
-method = "tree"
-m = 1
-n = 2
-l = 1
-k = 3
+method = {{ kind = "tree", m = 1, n = 2, l = 1, k = 3 }}
 
 [[arms]]
-label = "chain n=4"
-method = "chain"
-chain_n = 4
+method = {{ kind = "chain", n = 4 }}
 
 [[arms]]
-label = "tree (2,2,1)"
-method = "tree"
-m = 2
-n = 2
-l = 1
-k = 3
+method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
 "#,
         seeds = args.seeds,
         world = world_keys(&server.url),

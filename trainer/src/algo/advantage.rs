@@ -14,10 +14,42 @@ pub enum Estimator {
     Grpo,
     /// Tree-GRPO: prompt group + tree group.
     Tree,
-    /// Tree group only (the "intra-tree only" ablation).
+    /// Tree group only (the "intra-tree only" ablation; the reference calls it `tree_inner`).
+    #[serde(alias = "tree_inner")]
     TreeIntra,
     /// Prompt group only, named for the tree ablation table.
     TreeInter,
+}
+
+impl Estimator {
+    pub const ALL: [Estimator; 4] = [Estimator::Grpo, Estimator::Tree, Estimator::TreeIntra, Estimator::TreeInter];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Estimator::Grpo => "grpo",
+            Estimator::Tree => "tree",
+            Estimator::TreeIntra => "tree_intra",
+            Estimator::TreeInter => "tree_inter",
+        }
+    }
+}
+
+impl std::fmt::Display for Estimator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Estimator {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = if s == "tree_inner" { "tree_intra" } else { s };
+        Estimator::ALL.into_iter().find(|e| e.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Estimator::ALL.iter().map(|e| e.name()).collect();
+            format!("unknown estimator `{s}`: expected one of {}", names.join(", "))
+        })
+    }
 }
 
 pub const EPS: f64 = 1e-6;

@@ -1,14 +1,16 @@
 //! One policy update (spec §5): old log-probs from the policy that generated, reference log-probs
 //! from the frozen initial model, then mini-batches of micro-batches with gradient accumulation,
-//! one optimiser step per mini-batch.
+//! one optimiser step per mini-batch. Every log-prob and entropy is of the sampling distribution
+//! (logits / temperature). Rows that do not train (refused trajectories, empty sides) are left
+//! out before anything is computed.
 
 use tch::{Device, Kind, Tensor};
 
-use super::loss::{LossConfig, policy_loss};
-use crate::logprobs::score_sequences;
+use super::loss::{LossConfig, Normaliser, policy_loss};
+use crate::logprobs::{ScoreOptions, Span, score_spans};
 use crate::model::CausalLm;
 use crate::optim::AdamW;
-use crate::rollout::agent::TrainingRow;
+use crate::rows::TrainingRow;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpdateConfig {
@@ -16,16 +18,18 @@ pub struct UpdateConfig {
     pub mini_batches: usize,
     /// Rows per forward/backward (gradients accumulate over a mini-batch's micro-batches).
     pub micro_batch: usize,
+    /// The rollout's sampling temperature: log-probs are those of logits / temperature.
+    pub temperature: f64,
     pub loss: LossConfig,
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
-        Self { mini_batches: 1, micro_batch: 8, loss: LossConfig::default() }
+        Self { mini_batches: 1, micro_batch: 8, temperature: 1.0, loss: LossConfig::default() }
     }
 }
 
-/// Means over the update's micro-batches, for the metrics file.
+/// What an update did: the loss parts are means over its mini-batches.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct UpdateStats {
     pub loss: f64,
@@ -33,30 +37,21 @@ pub struct UpdateStats {
     pub kl: f64,
     pub entropy: f64,
     pub clip_fraction: f64,
+    /// The largest gradient norm of the update's optimiser steps.
     pub grad_norm: f64,
     /// Loss-masked (generated) tokens trained on.
     pub tokens: u64,
+    /// Rows trained on.
+    pub rows: usize,
     /// Optimiser steps skipped for a non-finite gradient norm.
     pub skipped_steps: u32,
+    /// Largest `|exp(old - sampled) - 1|` over trained tokens whose sampling log-prob is known:
+    /// how far the update's starting policy is from the distribution the rollout sampled.
+    pub first_ratio_max_dev: f64,
 }
 
-/// Log-probs of each row's response tokens, `[response_len]` each.
-fn response_logprobs(
-    model: &CausalLm,
-    rows: &[&TrainingRow],
-    micro_batch: usize,
-    with_grad: bool,
-) -> Vec<(Tensor, Tensor)> {
-    let seqs: Vec<Vec<u32>> = rows.iter().map(|r| [r.prompt.as_slice(), r.response.as_slice()].concat()).collect();
-    score_sequences(model, &seqs, micro_batch, with_grad)
-        .into_iter()
-        .zip(rows)
-        .map(|(s, r)| {
-            let start = r.prompt.len() as i64 - 1;
-            let n = r.response.len() as i64;
-            (s.logprobs.narrow(0, start, n), s.entropy.narrow(0, start, n))
-        })
-        .collect()
+fn spans<'a>(rows: &[&'a TrainingRow]) -> Vec<Span<'a>> {
+    rows.iter().map(|r| Span { prompt: &r.prompt, response: &r.response }).collect()
 }
 
 /// Right-pad per-row vectors into `[rows, longest]`.
@@ -75,7 +70,29 @@ fn pad(rows: &[Tensor], longest: i64) -> Tensor {
     Tensor::stack(&padded, 0)
 }
 
-/// Apply one PPO update to `policy` from `rows` with their `advantages`.
+fn mask_tensor(row: &TrainingRow, device: Device) -> Tensor {
+    Tensor::from_slice(&row.loss_mask.iter().map(|m| f32::from(*m)).collect::<Vec<_>>()).to_device(device)
+}
+
+/// `max |exp(old - sampled) - 1|` over the generated tokens that carry a sampling log-prob.
+fn ratio_deviation(rows: &[&TrainingRow], old: &[Tensor]) -> f64 {
+    let mut worst = 0.0f64;
+    for (row, old) in rows.iter().zip(old) {
+        if row.sampled_logprobs.len() != row.response.len() {
+            continue;
+        }
+        let old: Vec<f32> = Vec::try_from(old.to_device(Device::Cpu).to_kind(Kind::Float)).unwrap_or_default();
+        for ((o, s), m) in old.iter().zip(&row.sampled_logprobs).zip(&row.loss_mask) {
+            if *m == 1 {
+                worst = worst.max((f64::from(*o) - f64::from(*s)).exp_m1().abs());
+            }
+        }
+    }
+    worst
+}
+
+/// Apply one PPO update to `policy` from `rows` with their `advantages` (one per row; rows that
+/// do not train are skipped, their advantages ignored).
 pub fn ppo_update(
     policy: &CausalLm,
     reference: &CausalLm,
@@ -86,60 +103,55 @@ pub fn ppo_update(
     cfg: &UpdateConfig,
 ) -> UpdateStats {
     let device: Device = policy.device();
-    let all: Vec<&TrainingRow> = rows.iter().filter(|r| !r.response.is_empty() && !r.prompt.is_empty()).collect();
-    let advs: Vec<f64> = rows
-        .iter()
-        .zip(advantages)
-        .filter(|(r, _)| !r.response.is_empty() && !r.prompt.is_empty())
-        .map(|(_, a)| *a)
-        .collect();
-    let old: Vec<Tensor> =
-        response_logprobs(policy, &all, cfg.micro_batch, false).into_iter().map(|(l, _)| l).collect();
+    let (all, advs): (Vec<&TrainingRow>, Vec<f64>) =
+        rows.iter().zip(advantages).filter(|(r, _)| r.trains()).map(|(r, a)| (r, *a)).unzip();
+    let score = |with_grad| ScoreOptions { micro_batch: cfg.micro_batch, temperature: cfg.temperature, with_grad };
+    let old: Vec<Tensor> = score_spans(policy, &spans(&all), score(false)).into_iter().map(|s| s.logprobs).collect();
     let reference: Vec<Tensor> =
-        response_logprobs(reference, &all, cfg.micro_batch, false).into_iter().map(|(l, _)| l).collect();
-    let mut stats = UpdateStats::default();
-    let mut micro_count = 0u32;
+        score_spans(reference, &spans(&all), score(false)).into_iter().map(|s| s.logprobs).collect();
+    let mut stats = UpdateStats { first_ratio_max_dev: ratio_deviation(&all, &old), ..Default::default() };
     let n = all.len();
     let per_mini = n.div_ceil(cfg.mini_batches.max(1)).max(1);
+    let micro = cfg.micro_batch.max(1);
+    let mut minis = 0u32;
     for mini in (0..n).step_by(per_mini) {
         let end = (mini + per_mini).min(n);
-        let micros: Vec<(usize, usize)> =
-            (mini..end).step_by(cfg.micro_batch.max(1)).map(|s| (s, (s + cfg.micro_batch.max(1)).min(end))).collect();
+        let micros: Vec<(usize, usize)> = (mini..end).step_by(micro).map(|s| (s, (s + micro).min(end))).collect();
+        let norm = Normaliser {
+            tokens: all[mini..end].iter().map(|r| r.generated_tokens() as f64).sum(),
+            sequences: (end - mini) as f64,
+            micro_batches: micros.len() as f64,
+        };
         opt.zero_grad();
         for &(s, e) in &micros {
             let chunk = &all[s..e];
-            let scored = response_logprobs(policy, chunk, chunk.len(), true);
+            let scored = score_spans(policy, &spans(chunk), ScoreOptions { micro_batch: chunk.len(), ..score(true) });
             let longest = chunk.iter().map(|r| r.response.len()).max().unwrap_or(1) as i64;
-            let logp = pad(&scored.iter().map(|(l, _)| l.shallow_clone()).collect::<Vec<_>>(), longest);
-            let ent = pad(&scored.iter().map(|(_, h)| h.shallow_clone()).collect::<Vec<_>>(), longest);
+            let logp = pad(&scored.iter().map(|s| s.logprobs.shallow_clone()).collect::<Vec<_>>(), longest);
+            let ent = pad(&scored.iter().map(|s| s.entropy.shallow_clone()).collect::<Vec<_>>(), longest);
             let old_lp = pad(&old[s..e], longest);
             let ref_lp = pad(&reference[s..e], longest);
-            let masks: Vec<Tensor> = chunk
-                .iter()
-                .map(|r| {
-                    Tensor::from_slice(&r.loss_mask.iter().map(|m| f32::from(*m)).collect::<Vec<_>>()).to_device(device)
-                })
-                .collect();
-            let mask = pad(&masks, longest);
+            let mask = pad(&chunk.iter().map(|r| mask_tensor(r, device)).collect::<Vec<_>>(), longest);
             let adv = Tensor::from_slice(&advs[s..e]).to_kind(Kind::Float).to_device(device);
-            let parts = policy_loss(&logp, &old_lp, &ref_lp, &ent, &adv, &mask, &cfg.loss);
-            (parts.loss / micros.len() as f64).backward();
+            let parts = policy_loss(&logp, &old_lp, &ref_lp, &ent, &adv, &mask, &cfg.loss, &norm);
+            parts.loss.backward();
             stats.loss += parts.policy - cfg.loss.entropy_coef * parts.entropy + cfg.loss.kl_coef * parts.kl;
             stats.policy += parts.policy;
             stats.kl += parts.kl;
             stats.entropy += parts.entropy;
             stats.clip_fraction += parts.clip_fraction;
-            stats.tokens += chunk.iter().map(|r| r.loss_mask.iter().filter(|m| **m == 1).count() as u64).sum::<u64>();
-            micro_count += 1;
+            stats.tokens += chunk.iter().map(|r| r.generated_tokens() as u64).sum::<u64>();
         }
         let step = opt.step(lr);
         stats.grad_norm = stats.grad_norm.max(step.grad_norm);
         if !step.applied {
             stats.skipped_steps += 1;
         }
+        minis += 1;
     }
-    if micro_count > 0 {
-        let m = f64::from(micro_count);
+    stats.rows = n;
+    if minis > 0 {
+        let m = f64::from(minis);
         stats.loss /= m;
         stats.policy /= m;
         stats.kl /= m;

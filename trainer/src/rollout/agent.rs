@@ -1,127 +1,46 @@
 //! Chain and tree rollouts (spec §1.2-1.3 and §2.3) against an env-server: the model acts, the
 //! server resolves the actions; a tree expansion forks the env episode at the picked node's step
 //! and the engine sequence at that node's token prefix, so a branch reuses its parent's KV cache.
+//!
+//! Each turn of every active chain is one engine batch and one `Step` request; each expansion
+//! round is one `Fork` request. A refused item (create, fork or step) ends that trajectory with a
+//! [`Failure`] leaf and nothing else; only a lost env-server stops the rollout.
+
+use std::collections::BTreeMap;
 
 use rand::Rng;
 
-use grove_protocol::client::{Client, ClientError, ClientOptions};
-use grove_protocol::{
-    Action, ActionKind, EpisodeId, EpisodeOptions, ErrorInfo, ForkSpec, Observation, StepAction, TaskSpec,
-};
+use grove_protocol::{ActionKind, EpisodeId, EpisodeOptions, ErrorInfo, TaskSpec};
 
 use super::tree::{NodeId, Tree};
-use crate::generate::{Engine, EngineError, SamplingParams, SeqId};
+use crate::env::{EnvClient, EnvError};
+use crate::generate::{Engine, EngineError, Generation, SamplingParams, SeqId};
+use crate::method::TreeShape;
+use crate::rows::{Failure, Refused};
 use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
-    #[error("env-server: {0}")]
-    Client(#[from] ClientError),
-    #[error("env-server refused: {0}")]
-    Env(ErrorInfo),
+    #[error(transparent)]
+    Env(#[from] EnvError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Tree(#[from] super::tree::TreeError),
-    #[error("cannot start the env client runtime: {0}")]
-    Runtime(std::io::Error),
-    /// The connection to an env-server broke (the server died or the network went away): every
-    /// episode this client held there is gone with it.
-    #[error("env-server {url} went away ({why}); {live} live episodes there are lost")]
-    EnvLost { url: String, live: u64, why: String },
+    #[error("rollout bookkeeping: {0}")]
+    Internal(&'static str),
 }
 
-/// A blocking handle on one env-server for the tensor thread.
-#[derive(Debug)]
-pub struct EnvClient {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-    url: String,
-    /// Episodes created or forked through this handle and not closed yet.
-    live: std::sync::atomic::AtomicU64,
-}
-
-impl EnvClient {
-    pub fn connect(url: &str, options: ClientOptions) -> Result<Self, RolloutError> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(RolloutError::Runtime)?;
-        let client = rt.block_on(Client::connect(url, options))?;
-        Ok(Self { rt, client, url: url.to_string(), live: Default::default() })
-    }
-
-    /// The env-server's URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// Episodes opened through this handle and not closed yet.
-    pub fn live_episodes(&self) -> u64 {
-        self.live.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn opened(&self, n: usize) {
-        self.live.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// A transport failure (not an error reply) means the server or the connection is gone.
-    fn lost(&self, e: ClientError) -> RolloutError {
-        match e {
-            ClientError::Closed | ClientError::WebSocket(_) => {
-                RolloutError::EnvLost { url: self.url.clone(), live: self.live_episodes(), why: e.to_string() }
-            }
-            other => RolloutError::Client(other),
+impl RolloutError {
+    /// The env-server that was lost, and how many live episodes went with it, if that is what
+    /// happened.
+    pub fn lost_server(&self) -> Option<(&str, u64)> {
+        match self {
+            RolloutError::Env(EnvError::Lost { url, live, .. }) => Some((url, *live)),
+            _ => None,
         }
-    }
-
-    fn create(&self, tasks: Vec<TaskSpec>, config: &AgentConfig) -> Result<Vec<(EpisodeId, String)>, RolloutError> {
-        let opts = EpisodeOptions {
-            max_turns: Some(config.max_turns),
-            prompt_template: config.prompt_template.clone(),
-            topk: config.topk,
-            ..Default::default()
-        };
-        let created = self.rt.block_on(self.client.create_episodes(tasks, opts)).map_err(|e| self.lost(e))?;
-        self.opened(created.iter().filter(|r| r.is_ok()).count());
-        created.into_iter().map(|r| r.map(|s| (s.episode, s.prompt)).map_err(RolloutError::Env)).collect()
-    }
-
-    fn step(&self, actions: Vec<(EpisodeId, String)>) -> Result<Vec<Observation>, RolloutError> {
-        let actions =
-            actions.into_iter().map(|(episode, text)| StepAction { episode, action: Action::Text(text) }).collect();
-        let results = self.rt.block_on(self.client.step(actions)).map_err(|e| self.lost(e))?;
-        results.into_iter().map(|r| r.map_err(RolloutError::Env)).collect()
-    }
-
-    fn fork(&self, episode: EpisodeId, at_step: u32) -> Result<EpisodeId, RolloutError> {
-        let r =
-            self.rt.block_on(self.client.fork(vec![ForkSpec { episode, at_step, n: 1 }])).map_err(|e| self.lost(e))?;
-        match r.into_iter().next() {
-            Some(Ok(f)) => f.children.first().copied().inspect(|_| self.opened(1)).ok_or_else(|| {
-                RolloutError::Env(ErrorInfo::new(grove_protocol::ErrorCode::Internal, "fork returned no child"))
-            }),
-            Some(Err(e)) => Err(RolloutError::Env(e)),
-            None => Err(RolloutError::Env(ErrorInfo::new(grove_protocol::ErrorCode::Internal, "empty fork reply"))),
-        }
-    }
-
-    pub fn close(&self, episodes: Vec<EpisodeId>) -> Result<(), RolloutError> {
-        let closed = self.rt.block_on(self.client.close(episodes)).map_err(|e| self.lost(e))?;
-        let n = closed.iter().filter(|r| r.is_ok()).count() as u64;
-        let _ =
-            self.live.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |l| {
-                Some(l.saturating_sub(n))
-            });
-        Ok(())
-    }
-
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// Run an async call of the client on this handle's runtime.
-    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
     }
 }
 
@@ -159,10 +78,32 @@ impl Default for AgentConfig {
     }
 }
 
+impl AgentConfig {
+    /// What the env-server is told about each episode.
+    pub fn episode_options(&self) -> EpisodeOptions {
+        EpisodeOptions {
+            max_turns: Some(self.max_turns),
+            prompt_template: self.prompt_template.clone(),
+            topk: self.topk,
+            ..Default::default()
+        }
+    }
+
+    /// The same agent decoding greedily.
+    pub fn greedy(&self) -> AgentConfig {
+        AgentConfig {
+            sampling: SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..self.sampling.clone() },
+            ..self.clone()
+        }
+    }
+}
+
 /// One agent step: what the model generated and what the environment answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
     pub response: Vec<u32>,
+    /// Log-probability of each response token under its sampling distribution.
+    pub logprobs: Vec<f32>,
     pub observation: Vec<u32>,
     pub kind: ActionKind,
     pub done: bool,
@@ -170,32 +111,70 @@ pub struct StepRecord {
     pub reward: Option<f64>,
     /// Pure EM / F1 of the answer, on the step that ended the episode.
     pub metric: Option<f64>,
+    /// The server's whole reward (answer, format validity), on the step that ended the episode.
+    pub outcome: Option<grove_protocol::Reward>,
+    /// The observation was longer than `max_obs_tokens` and was cut.
+    pub observation_truncated: bool,
     /// The env episode this step happened in, and the step count after it.
-    pub episode: EpisodeId,
+    pub episode: Option<EpisodeId>,
     pub env_step: u32,
     /// An engine sequence holding the state right after this step (for expansions).
-    pub snapshot: SeqId,
+    pub snapshot: Option<SeqId>,
+    /// The tool call failed on the server (the observation is the server's error text).
+    pub tool_error: Option<grove_protocol::ErrorCode>,
+    /// The env-server refused this step (or the episode it would have run in): the trajectory
+    /// ends here without an outcome.
+    pub failure: Option<Failure>,
+}
+
+impl StepRecord {
+    /// The leaf of a trajectory that never ran (its episode could not be created or forked).
+    fn refused(failure: Failure) -> Self {
+        StepRecord {
+            response: Vec::new(),
+            logprobs: Vec::new(),
+            observation: Vec::new(),
+            kind: ActionKind::Invalid,
+            done: true,
+            reward: None,
+            metric: None,
+            outcome: None,
+            observation_truncated: false,
+            episode: None,
+            env_step: 0,
+            snapshot: None,
+            tool_error: None,
+            failure: Some(failure),
+        }
+    }
+
+    /// A search the server ran (not the forced final turn).
+    pub fn is_tool_call(&self) -> bool {
+        self.kind == ActionKind::Search && !self.observation.is_empty()
+    }
 }
 
 /// Cost of a rollout.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RolloutCost {
     pub generated_tokens: u64,
     pub prefill_tokens: u64,
     pub tool_calls: u64,
     pub forks: u64,
+    /// Failed tool calls by error code (trained on: the model saw the server's error text).
+    pub tool_errors: BTreeMap<String, u64>,
 }
 
-/// One training row: the prompt, then the response side with its loss mask (1 = generated).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainingRow {
-    pub prompt: Vec<u32>,
-    pub response: Vec<u32>,
-    pub loss_mask: Vec<u8>,
-    pub reward: f64,
-    /// Group ids for the advantage estimators.
-    pub prompt_group: usize,
-    pub tree_group: usize,
+impl RolloutCost {
+    pub fn add(&mut self, other: &RolloutCost) {
+        self.generated_tokens += other.generated_tokens;
+        self.prefill_tokens += other.prefill_tokens;
+        self.tool_calls += other.tool_calls;
+        self.forks += other.forks;
+        for (k, v) in &other.tool_errors {
+            *self.tool_errors.entry(k.clone()).or_default() += v;
+        }
+    }
 }
 
 /// Everything a rollout produced for one prompt.
@@ -218,22 +197,6 @@ impl PromptRollout {
     }
 }
 
-/// Tree shape (spec §2.1): M trees per prompt, N picks per tree per round, L rounds, k leaves kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeShape {
-    pub m: usize,
-    pub n: usize,
-    pub l: usize,
-    pub k: usize,
-}
-
-impl TreeShape {
-    /// Chain GRPO with `n` trajectories: n trees of one chain each.
-    pub fn chain(n: usize) -> Self {
-        Self { m: n, n: 0, l: 0, k: 1 }
-    }
-}
-
 /// A chain being continued: its prompt (in a batch of prompts) and tree, engine sequence, env
 /// episode and turns so far.
 struct Row {
@@ -243,6 +206,12 @@ struct Row {
     seq: SeqId,
     episode: EpisodeId,
     steps: Vec<(StepRecord, bool)>,
+}
+
+/// Where a tree's root stands: its engine sequence, and its env episode or why there is none.
+struct Root {
+    seq: SeqId,
+    episode: Result<EpisodeId, ErrorInfo>,
 }
 
 pub struct Rollout<'a, 'm> {
@@ -260,7 +229,8 @@ impl std::fmt::Debug for Rollout<'_, '_> {
 }
 
 impl Rollout<'_, '_> {
-    /// Continue every row until its episode ends; the server runs the forced final turn.
+    /// Continue every row until its episode ends (the server runs the forced final turn) or the
+    /// server refuses a step.
     fn continue_rows(&mut self, rows: &mut [Row]) -> Result<(), RolloutError> {
         let mut active: Vec<usize> = (0..rows.len()).collect();
         while !active.is_empty() {
@@ -270,30 +240,53 @@ impl Rollout<'_, '_> {
             let seqs: Vec<SeqId> = active.iter().map(|&i| rows[i].seq).collect();
             let gens = self.engine.generate(&seqs, &self.config.sampling, self.tok)?;
             let actions = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
-            let observations = self.env.step(actions)?;
+            let results = self.env.step(actions)?;
             let mut still = Vec::new();
-            for ((&i, g), obs) in active.iter().zip(gens).zip(observations) {
+            for ((&i, g), result) in active.iter().zip(gens).zip(results) {
+                let row = &mut rows[i];
+                let Generation { tokens, logprobs, .. } = g;
+                let obs = match result {
+                    Ok(obs) => obs,
+                    Err(info) => {
+                        let failure = Failure::new(Refused::Step, &info);
+                        let step = StepRecord {
+                            response: tokens,
+                            logprobs,
+                            episode: Some(row.episode),
+                            env_step: row.steps.last().map_or(0, |s| s.0.env_step),
+                            ..StepRecord::refused(failure)
+                        };
+                        row.steps.push((step, true));
+                        continue;
+                    }
+                };
                 if obs.kind == ActionKind::Search && !obs.forced_final {
                     self.cost.tool_calls += 1;
                 }
+                if let Some(e) = &obs.error {
+                    *self.cost.tool_errors.entry(e.code.name().to_string()).or_default() += 1;
+                }
                 let mut obs_tokens = if obs.text.is_empty() { Vec::new() } else { self.tok.encode(&obs.text)? };
+                let observation_truncated = obs_tokens.len() > self.config.max_obs_tokens;
                 obs_tokens.truncate(self.config.max_obs_tokens);
-                let row = &mut rows[i];
                 self.engine.extend(row.seq, &obs_tokens)?;
-                let snapshot = self.engine.fork(row.seq, 1)?[0];
-                let reward = obs.reward.as_ref().map(|r| r.score);
-                let metric = obs.reward.as_ref().map(|r| r.metric_value);
+                let snapshot = if obs.done { None } else { Some(self.engine.fork(row.seq, 1)?[0]) };
                 row.steps.push((
                     StepRecord {
-                        response: g.tokens,
+                        response: tokens,
+                        logprobs,
                         observation: obs_tokens,
                         kind: obs.kind,
                         done: obs.done,
-                        reward,
-                        metric,
-                        episode: row.episode,
+                        reward: obs.reward.as_ref().map(|r| r.score),
+                        metric: obs.reward.as_ref().map(|r| r.metric_value),
+                        outcome: obs.reward,
+                        observation_truncated,
+                        episode: Some(row.episode),
                         env_step: obs.step,
                         snapshot,
+                        tool_error: obs.error.map(|e| e.code),
+                        failure: None,
                     },
                     obs.done,
                 ));
@@ -332,6 +325,11 @@ impl Rollout<'_, '_> {
         Ok(out.remove(0))
     }
 
+    fn prompt_tokens(&self, prompt: &str) -> Result<Vec<u32>, RolloutError> {
+        let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.to_string())], true)?;
+        Ok(self.tok.encode(&text)?)
+    }
+
     /// Tree rollouts for several tasks at once, one [`PromptRollout`] per task in order: every
     /// generation is batched across all the tasks' chains (M per task at first, then the N picks
     /// of every tree in each of the L rounds), so the engine sees batches of
@@ -344,49 +342,91 @@ impl Rollout<'_, '_> {
     ) -> Result<Vec<PromptRollout>, RolloutError> {
         let before = self.engine.stats;
         let creates: Vec<TaskSpec> = tasks.iter().flat_map(|t| std::iter::repeat_n(t.clone(), shape.m)).collect();
-        let starts = self.env.create(creates, self.config)?;
+        let starts = self.env.create(creates, &self.config.episode_options())?;
         let mut prompts = Vec::with_capacity(tasks.len());
         let mut trees: Vec<Vec<Tree<StepRecord>>> = Vec::with_capacity(tasks.len());
         let mut episodes: Vec<Vec<EpisodeId>> = Vec::with_capacity(tasks.len());
-        let mut roots: Vec<Vec<(SeqId, EpisodeId)>> = Vec::with_capacity(tasks.len());
+        let mut roots: Vec<Vec<Root>> = Vec::with_capacity(tasks.len());
+        let mut held: Vec<Vec<SeqId>> = Vec::with_capacity(tasks.len());
         let mut rows = Vec::with_capacity(starts.len());
-        for p in 0..tasks.len() {
-            let mine = starts.get(p * shape.m..(p + 1) * shape.m).unwrap_or_default();
-            let prompt_text = self.tok.apply_chat_template(
-                &[ChatMessage::new("user", mine.first().map(|s| s.1.clone()).unwrap_or_default())],
-                true,
-            )?;
-            let prompt_tokens = self.tok.encode(&prompt_text)?;
+        for (p, mine) in starts.chunks(shape.m.max(1)).enumerate().take(tasks.len()) {
+            // Every tree of a prompt gets the same prompt text; a refused tree has none.
+            let prompt = mine.iter().find_map(|s| s.as_ref().ok()).map(|s| s.prompt.clone());
+            let prompt_tokens = match &prompt {
+                Some(text) => self.prompt_tokens(text)?,
+                None => Vec::new(),
+            };
+            let mut prompt_trees: Vec<Tree<StepRecord>> = (0..shape.m).map(|_| Tree::new()).collect();
             let mut prompt_roots = Vec::with_capacity(shape.m);
-            for (t, (episode, _)) in mine.iter().enumerate() {
+            let mut prompt_held = Vec::new();
+            for (t, start) in mine.iter().enumerate() {
                 let seed = rng.random::<u64>();
-                let root = self.engine.add(prompt_tokens.clone(), seed)?;
-                prompt_roots.push((root, *episode));
-                let seq = self.engine.fork(root, 1)?[0];
-                let parent = Tree::<StepRecord>::ROOT;
-                rows.push(Row { prompt: p, tree: t, parent, seq, episode: *episode, steps: Vec::new() });
+                match start {
+                    Ok(s) => {
+                        let root = self.engine.add(prompt_tokens.clone(), seed)?;
+                        prompt_held.push(root);
+                        let seq = self.engine.fork(root, 1)?[0];
+                        let parent = Tree::<StepRecord>::ROOT;
+                        rows.push(Row { prompt: p, tree: t, parent, seq, episode: s.episode, steps: Vec::new() });
+                        prompt_roots.push(Root { seq: root, episode: Ok(s.episode) });
+                    }
+                    Err(info) => {
+                        let leaf = StepRecord::refused(Failure::new(Refused::Create, info));
+                        prompt_trees[t].add_chain(Tree::<StepRecord>::ROOT, vec![(leaf, true)])?;
+                        prompt_roots.push(Root { seq: 0, episode: Err(info.clone()) });
+                    }
+                }
             }
             prompts.push(prompt_tokens);
-            trees.push((0..shape.m).map(|_| Tree::new()).collect());
-            episodes.push(mine.iter().map(|s| s.0).collect());
+            trees.push(prompt_trees);
+            episodes.push(mine.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect());
             roots.push(prompt_roots);
+            held.push(prompt_held);
         }
         self.continue_rows(&mut rows)?;
         self.attach(&mut trees, rows)?;
         for _round in 0..shape.l {
-            let mut rows = Vec::new();
+            // All picks of the round first (spec §2.3), then one Fork request for all of them.
+            let mut picks = Vec::new();
             for (p, prompt_trees) in trees.iter().enumerate() {
                 for (t, tree) in prompt_trees.iter().enumerate() {
                     for node in tree.pick(shape.n, rng) {
-                        let (snapshot, episode, at_step) = match tree.node(node).and_then(|n| n.step.as_ref()) {
-                            Some(step) => (step.snapshot, step.episode, step.env_step),
-                            None => (roots[p][t].0, roots[p][t].1, 0),
+                        let at = match tree.node(node).and_then(|n| n.step.as_ref()) {
+                            Some(step) => match (step.snapshot, step.episode) {
+                                (Some(seq), Some(episode)) => Ok((seq, episode, step.env_step)),
+                                _ => return Err(RolloutError::Internal("an expandable node has no snapshot")),
+                            },
+                            None => match &roots[p][t].episode {
+                                Ok(episode) => Ok((roots[p][t].seq, *episode, 0)),
+                                Err(info) => Err(Failure::new(Refused::Create, info)),
+                            },
                         };
+                        picks.push((p, t, node, at));
+                    }
+                }
+            }
+            let fork_at: Vec<(EpisodeId, u32)> =
+                picks.iter().filter_map(|(.., at)| at.as_ref().ok().map(|&(_, e, s)| (e, s))).collect();
+            let mut forked = self.env.fork(&fork_at)?.into_iter();
+            let mut rows = Vec::new();
+            for (p, t, node, at) in picks {
+                let result = match at {
+                    Ok((seq, _, _)) => match forked.next() {
+                        Some(Ok(episode)) => Ok((seq, episode)),
+                        Some(Err(info)) => Err(Failure::new(Refused::Fork, &info)),
+                        None => return Err(RolloutError::Internal("a fork request item got no reply")),
+                    },
+                    Err(f) => Err(f),
+                };
+                match result {
+                    Ok((snapshot, episode)) => {
                         let seq = self.engine.fork(snapshot, 1)?[0];
-                        let episode = self.env.fork(episode, at_step)?;
                         episodes[p].push(episode);
                         self.cost.forks += 1;
                         rows.push(Row { prompt: p, tree: t, parent: node, seq, episode, steps: Vec::new() });
+                    }
+                    Err(failure) => {
+                        trees[p][t].add_chain(node, vec![(StepRecord::refused(failure), true)])?;
                     }
                 }
             }
@@ -396,12 +436,11 @@ impl Rollout<'_, '_> {
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
         self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
         let mut out = Vec::with_capacity(tasks.len());
-        for (((prompt_tokens, trees), episodes), roots) in prompts.into_iter().zip(trees).zip(episodes).zip(roots) {
-            let mut held: Vec<SeqId> = roots.iter().map(|r| r.0).collect();
+        for (((prompt_tokens, trees), episodes), mut held) in prompts.into_iter().zip(trees).zip(episodes).zip(held) {
             for tree in &trees {
                 for id in 0..tree.len() {
-                    if let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) {
-                        held.push(step.snapshot);
+                    if let Some(seq) = tree.node(id).and_then(|n| n.step.as_ref()).and_then(|s| s.snapshot) {
+                        held.push(seq);
                     }
                 }
             }
@@ -410,31 +449,37 @@ impl Rollout<'_, '_> {
         Ok(out)
     }
 
-    /// One chain per task, all tasks batched together (evaluation, or quick chain rollouts).
-    /// Returns each task's steps; the episodes are closed and the sequences released.
+    /// One chain per task, all tasks batched together (evaluation). Returns each task's steps
+    /// (a refused episode: one failed step); the episodes are closed (one request) and the
+    /// sequences released.
     pub fn run_chains(&mut self, tasks: &[TaskSpec], seed: u64) -> Result<Vec<Vec<StepRecord>>, RolloutError> {
         let before = self.engine.stats;
-        let starts = self.env.create(tasks.to_vec(), self.config)?;
+        let starts = self.env.create(tasks.to_vec(), &self.config.episode_options())?;
         let mut rows = Vec::with_capacity(tasks.len());
-        for (i, (episode, prompt)) in starts.iter().enumerate() {
-            let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.clone())], true)?;
-            let seq = self.engine.add(self.tok.encode(&text)?, seed.wrapping_add(i as u64))?;
-            let parent = Tree::<StepRecord>::ROOT;
-            rows.push(Row { prompt: i, tree: 0, parent, seq, episode: *episode, steps: Vec::new() });
+        let mut out: Vec<Vec<StepRecord>> = vec![Vec::new(); tasks.len()];
+        for (i, start) in starts.iter().enumerate() {
+            match start {
+                Ok(s) => {
+                    let seq = self.engine.add(self.prompt_tokens(&s.prompt)?, seed.wrapping_add(i as u64))?;
+                    let parent = Tree::<StepRecord>::ROOT;
+                    rows.push(Row { prompt: i, tree: 0, parent, seq, episode: s.episode, steps: Vec::new() });
+                }
+                Err(info) => out[i].push(StepRecord::refused(Failure::new(Refused::Create, info))),
+            }
         }
         self.continue_rows(&mut rows)?;
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
         self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
-        let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             self.engine.remove(row.seq);
             let steps: Vec<StepRecord> = row.steps.into_iter().map(|(s, _)| s).collect();
-            for s in &steps {
-                self.engine.remove(s.snapshot);
+            for s in steps.iter().filter_map(|s| s.snapshot) {
+                self.engine.remove(s);
             }
-            out.push(steps);
+            out[row.prompt] = steps;
         }
-        self.env.close(starts.iter().map(|s| s.0).collect())?;
+        let opened: Vec<EpisodeId> = starts.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect();
+        self.env.close(&opened)?;
         Ok(out)
     }
 
@@ -445,41 +490,4 @@ impl Rollout<'_, '_> {
         }
         Ok(())
     }
-}
-
-/// Keep `k` leaves per tree and flatten them into training rows (spec §2.3 phase 3): prompt-major,
-/// then tree, then leaf; response side right-truncated to `max_response_tokens`.
-pub fn training_rows(
-    rollout: &PromptRollout,
-    k: usize,
-    prompt_group: usize,
-    max_response_tokens: usize,
-    rng: &mut impl Rng,
-) -> Result<Vec<TrainingRow>, RolloutError> {
-    let mut out = Vec::new();
-    for (t, tree) in rollout.trees.iter().enumerate() {
-        for leaf in tree.keep_leaves(k, rng)? {
-            let path = tree.path(leaf);
-            let mut response = Vec::new();
-            let mut mask = Vec::new();
-            for step in &path {
-                response.extend(&step.response);
-                mask.extend(std::iter::repeat_n(1u8, step.response.len()));
-                response.extend(&step.observation);
-                mask.extend(std::iter::repeat_n(0u8, step.observation.len()));
-            }
-            response.truncate(max_response_tokens);
-            mask.truncate(max_response_tokens);
-            let reward = path.last().and_then(|s| s.reward).unwrap_or(0.0);
-            out.push(TrainingRow {
-                prompt: rollout.prompt_tokens.clone(),
-                response,
-                loss_mask: mask,
-                reward,
-                prompt_group,
-                tree_group: prompt_group * 1_000_000 + t,
-            });
-        }
-    }
-    Ok(out)
 }

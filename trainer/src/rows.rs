@@ -1,0 +1,132 @@
+//! The hand-off from rollouts to the update: training rows. A row is one kept leaf (spec §2.3
+//! phase 3): the prompt tokens, then the response side (every step's generated tokens with loss
+//! mask 1, its observation tokens with mask 0), the leaf's reward, and the groups the advantage
+//! estimators normalise over.
+//!
+//! A trajectory the env-server refused somewhere (its episode could not be created or forked, or
+//! a step was refused: an over-long query or action, a full episode table) has no reward from
+//! the server. Its row is kept, with its [`Failure`], and **masked out of the loss**: it gets no
+//! advantage, joins no group and trains no token, and the step's metrics count it per kind.
+//! Tool errors the server turns into observations (a failed search, a timeout) are not
+//! failures: the model saw the server's error text and the episode went on.
+
+use rand::Rng;
+
+use grove_protocol::{ErrorCode, ErrorInfo};
+
+use crate::rollout::agent::{PromptRollout, RolloutError};
+
+/// Which request the env-server refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refused {
+    Create,
+    Fork,
+    Step,
+}
+
+impl Refused {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Refused::Create => "create",
+            Refused::Fork => "fork",
+            Refused::Step => "step",
+        }
+    }
+}
+
+/// Why a trajectory has no outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub refused: Refused,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(refused: Refused, info: &ErrorInfo) -> Self {
+        Self { refused, code: info.code, message: info.message.clone() }
+    }
+
+    /// `<request>:<error code>`, the key of the metrics' failure counts.
+    pub fn key(&self) -> String {
+        format!("{}:{}", self.refused.name(), self.code.name())
+    }
+}
+
+/// One training row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingRow {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    /// 1 on generated tokens, 0 on observation tokens.
+    pub loss_mask: Vec<u8>,
+    /// Log-probability of each response token under the distribution it was sampled from
+    /// (temperature applied, before top-k / top-p truncation); 0 on observation tokens.
+    pub sampled_logprobs: Vec<f32>,
+    pub reward: f64,
+    /// Pure EM / F1 of the leaf's answer.
+    pub metric: f64,
+    /// Group ids for the advantage estimators: the prompt, and the tree within the prompt.
+    pub prompt_group: usize,
+    pub tree_group: usize,
+    /// Set when the trajectory was refused somewhere: the row is masked out of the loss.
+    pub failure: Option<Failure>,
+}
+
+impl TrainingRow {
+    /// A row that trains (not refused, with tokens on both sides).
+    pub fn trains(&self) -> bool {
+        self.failure.is_none() && !self.prompt.is_empty() && !self.response.is_empty()
+    }
+
+    /// Generated (loss-masked) tokens.
+    pub fn generated_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|m| **m == 1).count()
+    }
+}
+
+/// Keep `k` leaves per tree and flatten them into training rows (spec §2.3 phase 3): prompt-major,
+/// then tree, then leaf; the response side right-truncated to `max_response_tokens`.
+pub fn training_rows(
+    rollout: &PromptRollout,
+    k: usize,
+    prompt_group: usize,
+    max_response_tokens: usize,
+    rng: &mut impl Rng,
+) -> Result<Vec<TrainingRow>, RolloutError> {
+    let trees = rollout.trees.len().max(1);
+    let mut out = Vec::new();
+    for (t, tree) in rollout.trees.iter().enumerate() {
+        for leaf in tree.keep_leaves(k, rng)? {
+            let path = tree.path(leaf);
+            let mut response = Vec::new();
+            let mut mask = Vec::new();
+            let mut logprobs = Vec::new();
+            for step in &path {
+                response.extend(&step.response);
+                mask.extend(std::iter::repeat_n(1u8, step.response.len()));
+                logprobs.extend(&step.logprobs);
+                logprobs.resize(response.len(), 0.0);
+                response.extend(&step.observation);
+                mask.extend(std::iter::repeat_n(0u8, step.observation.len()));
+                logprobs.resize(response.len(), 0.0);
+            }
+            response.truncate(max_response_tokens);
+            mask.truncate(max_response_tokens);
+            logprobs.truncate(max_response_tokens);
+            let last = path.last();
+            out.push(TrainingRow {
+                prompt: rollout.prompt_tokens.clone(),
+                response,
+                loss_mask: mask,
+                sampled_logprobs: logprobs,
+                reward: last.and_then(|s| s.reward).unwrap_or(0.0),
+                metric: last.and_then(|s| s.metric).unwrap_or(0.0),
+                prompt_group,
+                tree_group: prompt_group * trees + t,
+                failure: last.and_then(|s| s.failure.clone()),
+            });
+        }
+    }
+    Ok(out)
+}
