@@ -195,7 +195,7 @@ impl EnvClient {
     /// Create one episode per task.
     pub fn create(
         &self,
-        tasks: Vec<TaskSpec>,
+        tasks: &[TaskSpec],
         options: &EpisodeOptions,
     ) -> Result<Vec<Result<EpisodeStart, ErrorInfo>>, EnvError> {
         let mut out = Vec::with_capacity(tasks.len());
@@ -210,7 +210,7 @@ impl EnvClient {
     }
 
     /// Step each episode with model text.
-    pub fn step(&self, actions: Vec<(EpisodeId, String)>) -> Result<Vec<Result<Observation, ErrorInfo>>, EnvError> {
+    pub fn step(&self, actions: &[(EpisodeId, String)]) -> Result<Vec<Result<Observation, ErrorInfo>>, EnvError> {
         let mut out = Vec::with_capacity(actions.len());
         for chunk in actions.chunks(self.max_batch()) {
             let items: Vec<StepAction> = chunk

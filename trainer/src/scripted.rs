@@ -94,7 +94,7 @@ pub fn play(
             topk: cfg.topk,
             ..Default::default()
         };
-        let created = env.create(vec![task_of(q)], &opts)?;
+        let created = env.create(&[task_of(q)], &opts)?;
         let start = match created.into_iter().next() {
             Some(Ok(s)) => s,
             Some(Err(e)) => return Err(ScriptError::Refused(e)),

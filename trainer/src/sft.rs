@@ -94,7 +94,7 @@ pub fn tokenize(tok: &Tokenizer, t: &Trajectory) -> Result<TrainingRow, SftError
 
 /// Mean negative log-likelihood of the masked (action) tokens of `rows`.
 fn masked_nll(model: &CausalLm, rows: &[&TrainingRow], with_grad: bool) -> Tensor {
-    let spans: Vec<Span<'_>> = rows.iter().map(|r| Span { prompt: &r.prompt, response: &r.response }).collect();
+    let spans: Vec<Span<'_>> = rows.iter().map(|r| Span::masked(&r.prompt, &r.response, &r.loss_mask)).collect();
     let scored =
         score_spans(model, &spans, ScoreOptions { micro_batch: rows.len().max(1), temperature: 1.0, with_grad });
     let mut sums = Vec::with_capacity(rows.len());

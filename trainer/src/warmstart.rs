@@ -47,7 +47,7 @@ impl WarmStart {
             passes: 3,
             vocab: 700,
             model: SmallModel { hidden: 64, layers: 2, heads: 4, kv_heads: 2, intermediate: 128 },
-            sft: SftConfig { epochs: 6, lr: 3e-3, batch: 8 },
+            sft: SftConfig { epochs: 12, lr: 5e-3, batch: 8 },
             ..Self::default()
         }
     }

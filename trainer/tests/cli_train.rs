@@ -57,6 +57,8 @@ fn train_resume_and_eval_from_the_command_line() {
     let eval1: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("eval-1.json")).unwrap()).unwrap();
     assert_eq!(eval1["greedy"]["all"]["questions"], 2);
+    // Two of the file's four questions: a seeded random sample that says so, not the first rows.
+    assert_eq!(eval1["selection"], serde_json::json!({"kind": "sample", "questions": 2, "of": 4, "seed": 0}));
     assert_eq!(eval1["sampled"]["all"]["questions"], 2);
     for plot in ["reward.svg", "metric.svg", "kl.svg", "entropy.svg", "tool_calls.svg"] {
         let svg = std::fs::read_to_string(out.join(plot)).unwrap();
@@ -94,6 +96,8 @@ fn train_resume_and_eval_from_the_command_line() {
         .output()
         .unwrap();
     assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let said = String::from_utf8_lossy(&eval.stderr);
+    assert!(said.contains("evaluating on a random sample of 2 of 4 questions (seed 0)"), "{said}");
     let table = String::from_utf8_lossy(&eval.stdout);
     assert!(table.contains("synthetic_2hop") && table.contains("all"), "{table}");
     // `trainer world` writes the same world (seed 0, scale 1) the server holds, and the scripted

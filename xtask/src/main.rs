@@ -154,7 +154,7 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
             &venv,
             root,
             &["protocol/tests/python", "clients/python/tests"],
-            &[("GROVE_ENV_SERVER", env_server.as_path())],
+            &[("GROVE_ENV_SERVER", env_server.as_path()), ("GROVE_REQUIRE_ENV_SERVER", Path::new("1"))],
         )
     })?;
     util::banner("summary");

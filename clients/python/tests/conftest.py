@@ -18,12 +18,24 @@ REPO = HERE.parent.parent.parent
 CORPUS = REPO.parent / "shared" / "fixtures" / "wiki18-sample.jsonl"
 
 
+# `cargo xtask test` sets this: there a missing server or fixture is a failure, not a skip.
+REQUIRED = os.environ.get("GROVE_REQUIRE_ENV_SERVER") == "1"
+
+
 def _server_binary():
     from_env = os.environ.get("GROVE_ENV_SERVER")
+    if from_env and not pathlib.Path(from_env).is_file():
+        pytest.fail(f"GROVE_ENV_SERVER={from_env} is not a file")
     for candidate in [from_env, REPO / "target" / "debug" / "env-server"]:
         if candidate and pathlib.Path(candidate).is_file():
             return pathlib.Path(candidate)
     return None
+
+
+def _missing(why):
+    if REQUIRED:
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 def _free_port():
@@ -37,11 +49,9 @@ def server(tmp_path_factory):
     """`ws://` URL of a running env-server; killed at the end of the session."""
     binary = _server_binary()
     if binary is None:
-        pytest.skip(
-            "no env-server binary: set GROVE_ENV_SERVER or run `cargo build -p grove-env-server --bin env-server`"
-        )
+        _missing("no env-server binary: set GROVE_ENV_SERVER or run `cargo build -p grove-env-server --bin env-server`")
     if not CORPUS.is_file():
-        pytest.skip(f"no wiki-18 fixture at {CORPUS}")
+        _missing(f"no wiki-18 fixture at {CORPUS}")
     work = tmp_path_factory.mktemp("env-server")
     corpus = work / CORPUS.name  # the server writes its index beside the corpus
     shutil.copy(CORPUS, corpus)

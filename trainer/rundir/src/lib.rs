@@ -298,10 +298,8 @@ impl RunDir {
         for entry in entries {
             let entry = entry.map_err(io(&self.root))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(step) = name.strip_prefix("eval-").and_then(|s| s.strip_suffix(".json")) {
-                if let Ok(step) = step.parse::<u64>() {
-                    steps.push(step);
-                }
+            if let Some(Ok(step)) = name.strip_prefix("eval-").and_then(|s| s.strip_suffix(".json")).map(str::parse) {
+                steps.push(step);
             }
         }
         steps.sort_unstable();
@@ -353,15 +351,16 @@ impl RunDir {
     /// Write `state.json` into a filled staging folder, rename it into place and point `latest`
     /// at it.
     pub fn commit_checkpoint(&self, staged: StagedCheckpoint, state: &TrainState) -> Result<PathBuf> {
-        let state_path = staged.path.join(STATE);
+        let StagedCheckpoint { path: staging, name } = staged;
+        let state_path = staging.join(STATE);
         let text = serde_json::to_string_pretty(state).map_err(|e| format_err(&state_path, &e))?;
         std::fs::write(&state_path, text).map_err(io(&state_path))?;
-        let final_dir = self.root.join(&staged.name);
+        let final_dir = self.root.join(&name);
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
         }
-        std::fs::rename(&staged.path, &final_dir).map_err(io(&final_dir))?;
-        write_atomic(&self.root.join(LATEST), staged.name.as_bytes())?;
+        std::fs::rename(&staging, &final_dir).map_err(io(&final_dir))?;
+        write_atomic(&self.root.join(LATEST), name.as_bytes())?;
         Ok(final_dir)
     }
 

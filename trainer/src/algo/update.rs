@@ -51,7 +51,7 @@ pub struct UpdateStats {
 }
 
 fn spans<'a>(rows: &[&'a TrainingRow]) -> Vec<Span<'a>> {
-    rows.iter().map(|r| Span { prompt: &r.prompt, response: &r.response }).collect()
+    rows.iter().map(|r| Span::masked(&r.prompt, &r.response, &r.loss_mask)).collect()
 }
 
 /// Right-pad per-row vectors into `[rows, longest]`.

@@ -239,8 +239,8 @@ impl Rollout<'_, '_> {
             }
             let seqs: Vec<SeqId> = active.iter().map(|&i| rows[i].seq).collect();
             let gens = self.engine.generate(&seqs, &self.config.sampling, self.tok)?;
-            let actions = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
-            let results = self.env.step(actions)?;
+            let actions: Vec<_> = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
+            let results = self.env.step(&actions)?;
             let mut still = Vec::new();
             for ((&i, g), result) in active.iter().zip(gens).zip(results) {
                 let row = &mut rows[i];
@@ -342,7 +342,7 @@ impl Rollout<'_, '_> {
     ) -> Result<Vec<PromptRollout>, RolloutError> {
         let before = self.engine.stats;
         let creates: Vec<TaskSpec> = tasks.iter().flat_map(|t| std::iter::repeat_n(t.clone(), shape.m)).collect();
-        let starts = self.env.create(creates, &self.config.episode_options())?;
+        let starts = self.env.create(&creates, &self.config.episode_options())?;
         let mut prompts = Vec::with_capacity(tasks.len());
         let mut trees: Vec<Vec<Tree<StepRecord>>> = Vec::with_capacity(tasks.len());
         let mut episodes: Vec<Vec<EpisodeId>> = Vec::with_capacity(tasks.len());
@@ -454,7 +454,7 @@ impl Rollout<'_, '_> {
     /// sequences released.
     pub fn run_chains(&mut self, tasks: &[TaskSpec], seed: u64) -> Result<Vec<Vec<StepRecord>>, RolloutError> {
         let before = self.engine.stats;
-        let starts = self.env.create(tasks.to_vec(), &self.config.episode_options())?;
+        let starts = self.env.create(tasks, &self.config.episode_options())?;
         let mut rows = Vec::with_capacity(tasks.len());
         let mut out: Vec<Vec<StepRecord>> = vec![Vec::new(); tasks.len()];
         for (i, start) in starts.iter().enumerate() {

@@ -253,7 +253,7 @@ impl TrainConfig {
                 return Err(value_error(key, v, "must be a finite number >= 0"));
             }
         }
-        if !(self.clip_ratio_c > 1.0) {
+        if self.clip_ratio_c.is_nan() || self.clip_ratio_c <= 1.0 {
             return Err(value_error("clip_ratio_c", self.clip_ratio_c, "the dual-clip bound must be above 1"));
         }
         Ok(StepConfig {
