@@ -358,3 +358,96 @@ pub fn budget_arithmetic(tree: Method, turns: u32, turn_tokens: usize) -> Vec<Be
         ),
     ]
 }
+
+/// Resident memory figures of this process from `/proc/self/status`, in bytes: (current, peak).
+fn rss() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Reset the peak resident set size to the current one (Linux 4.0+).
+fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The training paths the memory figure compares.
+const MEMORY_PATHS: [(&str, crate::algo::update::LogitsPath, bool); 3] = [
+    ("full logits (the path before chunking)", crate::algo::update::LogitsPath::Full, false),
+    ("chunked logits (512 positions)", crate::algo::update::LogitsPath::Chunked(512), false),
+    ("chunked logits + layer checkpointing", crate::algo::update::LogitsPath::Chunked(512), true),
+];
+
+/// Peak memory of one training micro-batch of `batch` x `len` tokens, all of them generated
+/// (every position scored), on a Qwen2-shaped model with the real Qwen2.5 vocabulary (151,936)
+/// and a small body (hidden 64, 2 layers), so that the vocabulary projection dominates as it does
+/// at the paper's shapes. CPU only: the figure is the growth of the process's peak resident set
+/// over one PPO update (old and reference scoring, forward, backward, optimiser step), for each
+/// path in turn. `None` where /proc cannot say.
+pub fn train_memory(batch: usize, len: usize) -> Option<Vec<BenchRow>> {
+    use crate::algo::update::{UpdateConfig, ppo_update};
+    use crate::model::ModelConfig;
+    let config = r#"{"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true}"#;
+    let config = ModelConfig::from_json(config).ok()?;
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let model = CausalLm::new(&vs.root(), config);
+    let vocab = model.config.vocab_size;
+    let rows: Vec<crate::rows::TrainingRow> = (0..batch)
+        .map(|i| {
+            let seq = tokens(vocab, len, 77 + i as u64);
+            crate::rows::TrainingRow {
+                prompt: seq[..1].to_vec(),
+                response: seq[1..].to_vec(),
+                loss_mask: vec![1; len - 1],
+                sampled_logprobs: Vec::new(),
+                reward: 0.0,
+                metric: 0.0,
+                prompt_group: 0,
+                tree_group: 0,
+                failure: None,
+            }
+        })
+        .collect();
+    let advantages: Vec<f64> = (0..batch).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let mut opt = crate::optim::AdamW::new(&vs, Default::default());
+    let mut peaks = Vec::new();
+    for (name, logits, checkpoint) in MEMORY_PATHS {
+        let cfg = UpdateConfig { micro_batch: batch, logits, checkpoint, ..Default::default() };
+        let (before, _) = rss()?;
+        if !reset_peak() {
+            return None;
+        }
+        let t = Instant::now();
+        let stats = ppo_update(&model, &model, &mut opt, 0.0, &rows, &advantages, &cfg);
+        let secs = t.elapsed().as_secs_f64();
+        let (_, peak) = rss()?;
+        peaks.push((name, peak.saturating_sub(before), secs, stats.loss));
+    }
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let shape = format!("{batch} x {len} tokens, V = {vocab}, hidden 64, CPU f32");
+    let mut out: Vec<BenchRow> = peaks
+        .iter()
+        .map(|(name, bytes, secs, loss)| {
+            BenchRow::new(
+                format!("training micro-batch peak memory, {name}"),
+                format!("{:.0}", mib(*bytes)),
+                "MiB",
+                format!("{shape}; {secs:.1} s; loss {loss:.6}"),
+            )
+        })
+        .collect();
+    let ratio = |i: usize| peaks[0].1 as f64 / peaks[i].1.max(1) as f64;
+    out.push(BenchRow::new(
+        "  full logits vs chunked: peak memory",
+        format!("{:.1}x / {:.1}x", ratio(1), ratio(2)),
+        "ratio",
+        "without / with layer checkpointing (the loss is the same: see the note of each row)",
+    ));
+    Some(out)
+}

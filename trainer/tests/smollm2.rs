@@ -41,13 +41,14 @@ fn cli_import_then_generate() {
     assert!(gguf.exists(), "{} missing: run `cargo xtask assets`", gguf.display());
     let dir = tempfile::tempdir().unwrap();
     let bin = env!("CARGO_BIN_EXE_trainer");
-    let status = std::process::Command::new(bin).arg("import-gguf").arg(&gguf).arg(dir.path()).status().unwrap();
+    let status =
+        std::process::Command::new(bin).arg("import-gguf").arg(&gguf).arg("--out").arg(dir.path()).status().unwrap();
     assert!(status.success());
     let out = std::process::Command::new(bin)
         .args([
             "generate",
             "--chat",
-            "--max-new",
+            "--max-new-tokens",
             "20",
             "--device",
             "cpu",

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use grove_trainer::algo::loss::{Aggregation, LossConfig};
-use grove_trainer::algo::update::{UpdateConfig, ppo_update};
+use grove_trainer::algo::update::{LogitsPath, UpdateConfig, UpdateStats, ppo_update};
 use grove_trainer::logprobs::{ScoreOptions, score_sequences};
 use grove_trainer::model::{CausalLm, load_model};
 use grove_trainer::optim::{AdamW, AdamWConfig};
@@ -76,23 +76,29 @@ fn ppo_update_follows_the_advantages() {
 
 /// The gradient one mini-batch leaves on the weights (an update at lr 0 changes nothing else).
 fn gradient(rows: &[TrainingRow], advantages: &[f64], micro_batch: usize, aggregation: Aggregation) -> Vec<f32> {
-    let (vs, policy) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
-    let (_ref_vs, reference) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
-    let mut opt = AdamW::new(&vs, AdamWConfig { max_grad_norm: None, ..Default::default() });
     let cfg = UpdateConfig {
         mini_batches: 1,
         micro_batch,
         temperature: 0.8,
         loss: LossConfig { aggregation, ..Default::default() },
+        ..Default::default()
     };
-    ppo_update(&policy, &reference, &mut opt, 0.0, rows, advantages, &cfg);
+    gradient_with(rows, advantages, &cfg).0
+}
+
+fn gradient_with(rows: &[TrainingRow], advantages: &[f64], cfg: &UpdateConfig) -> (Vec<f32>, UpdateStats) {
+    let (vs, policy) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
+    let (_ref_vs, reference) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
+    let mut opt = AdamW::new(&vs, AdamWConfig { max_grad_norm: None, ..Default::default() });
+    let stats = ppo_update(&policy, &reference, &mut opt, 0.0, rows, advantages, cfg);
     let by_name: std::collections::BTreeMap<String, tch::Tensor> = vs.variables().into_iter().collect();
-    by_name
+    let grads = by_name
         .values()
         .map(|t| t.grad())
         .filter(|g| g.defined())
         .flat_map(|g| Vec::<f32>::try_from(g.flatten(0, -1)).unwrap())
-        .collect()
+        .collect();
+    (grads, stats)
 }
 
 fn max_relative_gap(a: &[f32], b: &[f32]) -> f32 {
@@ -126,4 +132,35 @@ fn micro_batch_split_does_not_change_the_gradient() {
     let reference_split = gradient(&rows, &advantages, 1, Aggregation::MicroBatchTokenMean);
     assert!(max_relative_gap(&reference_whole, &reference_split) > 1e-2, "the reference's mean depends on the split");
     assert!(max_relative_gap(&whole, &reference_whole) < 1e-4, "one micro-batch: the two means agree");
+}
+
+/// The chunked logits path (a few positions' logits at a time, with or without recomputing each
+/// decoder layer) gives the loss and gradient of the full path, which holds every position's f32
+/// logits and log-softmax at once.
+#[test]
+fn chunked_logits_and_checkpointing_match_the_full_path() {
+    let rows = vec![
+        row(vec![10, 11, 12, 50, 51, 13], vec![1, 1, 1, 0, 0, 1], 1.0),
+        row(vec![20, 21], vec![1, 1], 0.0),
+        row(vec![30, 31, 32, 33, 34, 35, 36, 37], vec![1, 1, 1, 1, 0, 0, 1, 1], 0.5),
+    ];
+    let advantages = [1.2, -0.7, 0.4];
+    let base = UpdateConfig { micro_batch: 2, temperature: 0.9, ..Default::default() };
+    let (full, full_stats) =
+        gradient_with(&rows, &advantages, &UpdateConfig { logits: LogitsPath::Full, ..base });
+    assert!(full.iter().any(|g| g.abs() > 0.0));
+    for (logits, checkpoint) in
+        [(LogitsPath::Chunked(3), false), (LogitsPath::Chunked(1), true), (LogitsPath::Chunked(64), true)]
+    {
+        let cfg = UpdateConfig { logits, checkpoint, ..base };
+        let (g, stats) = gradient_with(&rows, &advantages, &cfg);
+        let gap = max_relative_gap(&full, &g);
+        assert!(gap < 1e-4, "{logits:?} checkpoint {checkpoint}: relative gap {gap}");
+        for (a, b) in
+            [(full_stats.loss, stats.loss), (full_stats.entropy, stats.entropy), (full_stats.policy, stats.policy)]
+        {
+            assert!((a - b).abs() < 1e-5 * a.abs().max(1.0), "{logits:?}: {a} vs {b}");
+        }
+        assert_eq!(full_stats.tokens, stats.tokens);
+    }
 }

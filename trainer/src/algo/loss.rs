@@ -1,11 +1,13 @@
 //! The policy loss of spec §5.2: dual-clip PPO (clip 0.2 / 0.2, c = 3) on token ratios, plus the
-//! k3 ("low_var_kl") KL to a frozen reference and an entropy bonus, aggregated over the tokens
-//! whose loss mask is 1 (generated tokens; observation tokens are 0).
+//! k3 ("low_var_kl") KL to a frozen reference and an entropy bonus, over the generated tokens
+//! (observation tokens are never scored).
 //!
-//! Aggregation is over the whole mini-batch (one optimiser step), not the micro-batch: each
-//! micro-batch's loss is its share of the mini-batch objective, so the accumulated gradient is
-//! the same whatever the micro-batch split. The reference's per-micro-batch token-mean, whose
-//! value depends on the split (spec §5.2), is kept as an option.
+//! The loss is a weighted sum of per-token terms, `sum_t w_t (pg_t - c_H H_t + c_KL kl_t)`: every
+//! aggregation of the spec is a choice of weights ([`token_weights`]), which is what lets the
+//! update compute it chunk by chunk of positions without ever holding all the logits. The
+//! weights normalise over the whole mini-batch (one optimiser step), not the micro-batch, so the
+//! accumulated gradient is the same whatever the micro-batch split; the reference's
+//! per-micro-batch token-mean, whose value depends on the split (spec §5.2), is an option.
 
 use tch::{Kind, Tensor};
 
@@ -32,24 +34,24 @@ impl Aggregation {
     }
 }
 
-/// The sizes a micro-batch's sums are divided by: its mini-batch's generated tokens and
-/// sequences, and the number of micro-batches in it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Normaliser {
-    pub tokens: f64,
-    pub sequences: f64,
-    pub micro_batches: f64,
-}
-
-impl Normaliser {
-    /// A micro-batch that is its own mini-batch.
-    pub fn alone(mask: &Tensor) -> Self {
-        Self {
-            tokens: mask.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]),
-            sequences: mask.size()[0] as f64,
-            micro_batches: 1.0,
+/// The weight of each generated token of a mini-batch: `tokens[r]` is the generated-token count
+/// of row r, `micro` the mini-batch's split into micro-batches as row ranges. One weight vector
+/// per row, in row order.
+pub fn token_weights(tokens: &[usize], micro: &[(usize, usize)], how: Aggregation) -> Vec<f64> {
+    let total: usize = tokens.iter().sum();
+    let rows = tokens.len();
+    let mut per_row = vec![0.0; rows];
+    for &(s, e) in micro {
+        let micro_tokens: usize = tokens[s..e].iter().sum();
+        for r in s..e {
+            per_row[r] = match how {
+                Aggregation::TokenMean => 1.0 / total.max(1) as f64,
+                Aggregation::SeqMeanTokenMean => 1.0 / (rows.max(1) * tokens[r].max(1)) as f64,
+                Aggregation::MicroBatchTokenMean => 1.0 / (micro_tokens.max(1) * micro.len().max(1)) as f64,
+            };
         }
     }
+    per_row
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,37 +78,19 @@ impl Default for LossConfig {
     }
 }
 
-/// The loss (with autograd) and its parts (for metrics).
+/// The loss of some tokens (with autograd) and its parts, each a weighted sum over those tokens.
 #[derive(Debug)]
 pub struct LossParts {
     pub loss: Tensor,
     pub policy: f64,
     pub kl: f64,
     pub entropy: f64,
-    /// Fraction of masked tokens where the clipped term was the active one.
-    pub clip_fraction: f64,
+    /// Tokens where the clipped term was the active one.
+    pub clipped_tokens: f64,
 }
 
-/// This micro-batch's share of the mini-batch aggregate of `x`.
-fn aggregate(x: &Tensor, mask: &Tensor, how: Aggregation, norm: &Normaliser) -> Tensor {
-    match how {
-        Aggregation::TokenMean => (x * mask).sum(Kind::Float) / norm.tokens.max(1.0),
-        Aggregation::SeqMeanTokenMean => {
-            let per_seq = (x * mask).sum_dim_intlist(-1, false, Kind::Float)
-                / mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
-            per_seq.sum(Kind::Float) / norm.sequences.max(1.0)
-        }
-        Aggregation::MicroBatchTokenMean => {
-            (x * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0) / norm.micro_batches.max(1.0)
-        }
-    }
-}
-
-/// All token tensors are `[batch, t]`; `advantages` is `[batch]`; `mask` is 1 on generated tokens.
-/// `logp` and `entropy` carry the graph; `old_logp` and `ref_logp` are constants. The parts are
-/// this micro-batch's shares of its mini-batch's aggregates (`norm`); summed over a mini-batch's
-/// micro-batches they give the mini-batch's values. `clip_fraction` is a token-weighted share
-/// the same way.
+/// Per-token tensors, all `[n]`: `logp` and `entropy` carry the graph; `old_logp`, `ref_logp`,
+/// `advantages` (the row's advantage, tiled) and `weights` are constants.
 #[allow(clippy::too_many_arguments)]
 pub fn policy_loss(
     logp: &Tensor,
@@ -114,12 +98,11 @@ pub fn policy_loss(
     ref_logp: &Tensor,
     entropy: &Tensor,
     advantages: &Tensor,
-    mask: &Tensor,
+    weights: &Tensor,
     cfg: &LossConfig,
-    norm: &Normaliser,
 ) -> LossParts {
-    let mask = mask.to_kind(Kind::Float);
-    let adv = advantages.to_kind(Kind::Float).unsqueeze(-1).expand_as(logp);
+    let adv = advantages.to_kind(Kind::Float);
+    let w = weights.to_kind(Kind::Float);
     let ratio = (logp - old_logp).clamp(-20.0, 20.0).exp();
     let l1 = -&adv * &ratio;
     let l2 = -&adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
@@ -128,19 +111,17 @@ pub fn policy_loss(
     let pg = dual.where_self(&adv.lt(0.0), &clipped);
     let d = (ref_logp - logp).clamp(-20.0, 20.0);
     let kl = (d.exp() - &d - 1.0).clamp(-10.0, 10.0);
-    let pg_agg = aggregate(&pg, &mask, cfg.aggregation, norm);
-    let kl_agg = aggregate(&kl, &mask, cfg.aggregation, norm);
-    let ent_agg = aggregate(entropy, &mask, cfg.aggregation, norm);
+    let sum = |x: &Tensor| (x * &w).sum(Kind::Float);
+    let (pg_agg, kl_agg, ent_agg) = (sum(&pg), sum(&kl), sum(entropy));
     let loss = &pg_agg - &ent_agg * cfg.entropy_coef + &kl_agg * cfg.kl_coef;
-    let clip_fraction =
-        aggregate(&l2.gt_tensor(&l1).to_kind(Kind::Float), &mask, Aggregation::TokenMean, norm).double_value(&[]);
-    LossParts {
-        policy: pg_agg.double_value(&[]),
-        kl: kl_agg.double_value(&[]),
-        entropy: ent_agg.double_value(&[]),
-        clip_fraction,
-        loss,
-    }
+    // One transfer for the four numbers the metrics need.
+    let parts = Tensor::stack(
+        &[pg_agg.detach(), kl_agg.detach(), ent_agg.detach(), l2.gt_tensor(&l1).to_kind(Kind::Float).sum(Kind::Float)],
+        0,
+    );
+    let parts: Vec<f64> = Vec::try_from(parts.to_kind(Kind::Double).to_device(tch::Device::Cpu)).unwrap_or_default();
+    let get = |i: usize| parts.get(i).copied().unwrap_or(f64::NAN);
+    LossParts { loss, policy: get(0), kl: get(1), entropy: get(2), clipped_tokens: get(3) }
 }
 
 #[cfg(test)]
@@ -148,110 +129,80 @@ mod tests {
     use super::*;
 
     fn t(v: &[f64]) -> Tensor {
-        Tensor::from_slice(v).view([1, -1]).to_kind(Kind::Float)
+        Tensor::from_slice(v).to_kind(Kind::Float)
     }
 
-    /// Hand-computed: ratios e^0 = 1, e^0.5 = 1.6487, e^-1 = 0.3679, e^2 = 7.389 (masked out).
+    /// Hand-computed: ratios e^0 = 1, e^0.5 = 1.6487, e^-1 = 0.3679.
     #[test]
     fn dual_clip_ppo_by_hand() {
-        let old = t(&[-1.0, -1.0, -1.0, -1.0]);
-        let logp = t(&[-1.0, -0.5, -2.0, 1.0]);
-        let reference = logp.shallow_clone();
-        let ent = t(&[0.0, 0.0, 0.0, 0.0]);
-        let mask = t(&[1.0, 1.0, 1.0, 0.0]);
+        let old = t(&[-1.0, -1.0, -1.0]);
+        let logp = t(&[-1.0, -0.5, -2.0]);
+        let ent = t(&[0.0, 0.0, 0.0]);
+        let w = t(&[1.0 / 3.0; 3]);
         // Positive advantage 2: l1 = -2r, l2 = -2 clip(r); max picks the clipped (less negative)
         // term when r > 1.2: tokens: -2, -2.4 (clipped), -0.7358 (r < 0.8: l1 = -0.7358, l2 = -1.6, max = l1).
-        let p = policy_loss(
-            &logp,
-            &old,
-            &reference,
-            &ent,
-            &Tensor::from_slice(&[2.0f64]),
-            &mask,
-            &LossConfig::default(),
-            &Normaliser::alone(&mask),
-        );
+        let p = policy_loss(&logp, &old, &logp, &ent, &t(&[2.0; 3]), &w, &LossConfig::default());
         let want = (-2.0 - 2.4 - 2.0 * (-1.0f64).exp()) / 3.0;
         assert!((p.policy - want).abs() < 1e-6, "{} vs {want}", p.policy);
         // Only the r > 1.2 token is clipped (for r < 0.8 with A > 0 the unclipped term is larger).
-        assert!((p.clip_fraction - 1.0 / 3.0).abs() < 1e-6, "{}", p.clip_fraction);
+        assert_eq!(p.clipped_tokens, 1.0);
         assert!(p.kl.abs() < 1e-9, "same policy as the reference: KL 0");
         // Negative advantage -1 with a huge ratio: dual clip caps the loss at -A * 3 = 3.
         let big = t(&[2.0]);
-        let p = policy_loss(
-            &big,
-            &t(&[-1.0]),
-            &big,
-            &t(&[0.0]),
-            &Tensor::from_slice(&[-1.0f64]),
-            &t(&[1.0]),
-            &LossConfig::default(),
-            &Normaliser::alone(&t(&[1.0])),
-        );
+        let p = policy_loss(&big, &t(&[-1.0]), &big, &t(&[0.0]), &t(&[-1.0]), &t(&[1.0]), &LossConfig::default());
         assert!((p.policy - 3.0).abs() < 1e-6, "{}", p.policy);
     }
 
     #[test]
-    fn k3_kl_entropy_and_aggregation() {
+    fn k3_kl_entropy_and_weights() {
         let logp = t(&[-1.0, -2.0]);
         let reference = t(&[-1.5, -1.0]);
         let d = [-0.5f64, 1.0];
         let k3: Vec<f64> = d.iter().map(|d| d.exp() - d - 1.0).collect();
         let ent = t(&[0.5, 1.5]);
-        let mask = t(&[1.0, 1.0]);
         let cfg = LossConfig { kl_coef: 0.1, entropy_coef: 0.01, ..Default::default() };
-        let p = policy_loss(
-            &logp,
-            &logp,
-            &reference,
-            &ent,
-            &Tensor::from_slice(&[0.0f64]),
-            &mask,
-            &cfg,
-            &Normaliser::alone(&mask),
-        );
+        let p = policy_loss(&logp, &logp, &reference, &ent, &t(&[0.0, 0.0]), &t(&[0.5, 0.5]), &cfg);
         assert!((p.kl - (k3[0] + k3[1]) / 2.0).abs() < 1e-6);
         assert!((p.entropy - 1.0).abs() < 1e-6);
         let total = p.loss.double_value(&[]);
         assert!((total - (0.0 - 0.01 * 1.0 + 0.1 * p.kl)).abs() < 1e-6);
-        // Token-mean vs sequence-mean: two rows of 1 and 3 tokens.
-        let x = Tensor::from_slice(&[1.0f64, 0.0, 0.0, 3.0, 3.0, 3.0]).view([2, 3]).to_kind(Kind::Float);
-        let m = Tensor::from_slice(&[1.0f64, 0.0, 0.0, 1.0, 1.0, 1.0]).view([2, 3]).to_kind(Kind::Float);
-        let alone = Normaliser::alone(&m);
-        assert!((aggregate(&x, &m, Aggregation::TokenMean, &alone).double_value(&[]) - 2.5).abs() < 1e-6);
-        assert!((aggregate(&x, &m, Aggregation::SeqMeanTokenMean, &alone).double_value(&[]) - 2.0).abs() < 1e-6);
-        assert!((aggregate(&x, &m, Aggregation::MicroBatchTokenMean, &alone).double_value(&[]) - 2.5).abs() < 1e-6);
-        // The same two rows as halves of a mini-batch split in two micro-batches: the shares of
-        // the mini-batch aggregates add up to the whole; the reference's micro-mean does not.
-        let split = Normaliser { tokens: 4.0, sequences: 2.0, micro_batches: 2.0 };
-        let (x0, x1) = (x.narrow(0, 0, 1), x.narrow(0, 1, 1));
-        let (m0, m1) = (m.narrow(0, 0, 1), m.narrow(0, 1, 1));
-        for (how, whole) in [(Aggregation::TokenMean, 2.5), (Aggregation::SeqMeanTokenMean, 2.0)] {
-            let parts =
-                aggregate(&x0, &m0, how, &split).double_value(&[]) + aggregate(&x1, &m1, how, &split).double_value(&[]);
-            assert!((parts - whole).abs() < 1e-6, "{how:?}: {parts}");
-        }
-        let micro = aggregate(&x0, &m0, Aggregation::MicroBatchTokenMean, &split).double_value(&[])
-            + aggregate(&x1, &m1, Aggregation::MicroBatchTokenMean, &split).double_value(&[]);
-        assert!((micro - 2.0).abs() < 1e-6, "(1 + 3) / 2 micro-batches: {micro}");
     }
 
     #[test]
-    fn masked_tokens_get_no_gradient() {
+    fn aggregations_as_weights() {
+        // Two rows of 1 and 3 generated tokens, values 1 and 3, 3, 3.
+        let tokens = [1usize, 3];
+        let weighted = |w: &[f64]| 1.0 * w[0] + 3.0 * 3.0 * w[1];
+        let whole = [(0, 2)];
+        let split = [(0, 1), (1, 2)];
+        let tm = token_weights(&tokens, &whole, Aggregation::TokenMean);
+        assert!((weighted(&tm) - 2.5).abs() < 1e-12, "(1 + 9) / 4");
+        let sm = token_weights(&tokens, &whole, Aggregation::SeqMeanTokenMean);
+        assert!((weighted(&sm) - 2.0).abs() < 1e-12, "(1 + 3) / 2");
+        // Token-mean and sequence-mean do not depend on the split; the reference's does.
+        assert_eq!(token_weights(&tokens, &split, Aggregation::TokenMean), tm);
+        assert_eq!(token_weights(&tokens, &split, Aggregation::SeqMeanTokenMean), sm);
+        let mm_whole = token_weights(&tokens, &whole, Aggregation::MicroBatchTokenMean);
+        let mm_split = token_weights(&tokens, &split, Aggregation::MicroBatchTokenMean);
+        assert!((weighted(&mm_whole) - 2.5).abs() < 1e-12);
+        assert!((weighted(&mm_split) - 2.0).abs() < 1e-12, "(1/1 + 9/3) / 2");
+    }
+
+    #[test]
+    fn the_loss_reaches_only_what_it_weighs() {
         let logp = t(&[-1.0, -1.0, -1.0]).set_requires_grad(true);
         let p = policy_loss(
             &logp,
             &t(&[-1.0, -1.0, -1.0]),
             &t(&[-1.0, -1.0, -1.0]),
             &t(&[0.0, 0.0, 0.0]),
-            &Tensor::from_slice(&[1.0f64]),
-            &t(&[1.0, 0.0, 1.0]),
+            &t(&[1.0, 1.0, 1.0]),
+            &t(&[0.5, 0.0, 0.5]),
             &LossConfig::default(),
-            &Normaliser::alone(&t(&[1.0, 0.0, 1.0])),
         );
         p.loss.backward();
-        let g: Vec<f32> = Vec::try_from(logp.grad().view([-1])).unwrap();
-        assert_eq!(g[1], 0.0, "observation token");
+        let g: Vec<f32> = Vec::try_from(logp.grad()).unwrap();
+        assert_eq!(g[1], 0.0, "weight 0");
         assert!(g[0] < 0.0 && g[2] < 0.0, "{g:?}");
     }
 }

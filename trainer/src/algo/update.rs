@@ -1,16 +1,30 @@
 //! One policy update (spec §5): old log-probs from the policy that generated, reference log-probs
 //! from the frozen initial model, then mini-batches of micro-batches with gradient accumulation,
 //! one optimiser step per mini-batch. Every log-prob and entropy is of the sampling distribution
-//! (logits / temperature). Rows that do not train (refused trajectories, empty sides) are left
-//! out before anything is computed.
+//! (logits / temperature), at the generated tokens only. Rows that do not train (refused
+//! trajectories, empty sides) are left out before anything is computed.
+//!
+//! The loss is a weighted sum of per-token terms (`loss::token_weights`), so each micro-batch's
+//! backward runs chunk by chunk of positions (`logprobs::backward_spans`): no `[batch, t,
+//! vocab]` tensor exists, and with `checkpoint` the decoder keeps only each layer's input.
 
 use tch::{Device, Kind, Tensor};
 
-use super::loss::{LossConfig, Normaliser, policy_loss};
-use crate::logprobs::{ScoreOptions, Span, score_spans};
+use super::loss::{LossConfig, policy_loss, token_weights};
+use crate::logprobs::{ScoreOptions, Span, TrainPass, backward_spans, score_spans, score_spans_full};
 use crate::model::CausalLm;
 use crate::optim::AdamW;
 use crate::rows::TrainingRow;
+
+/// How the policy's log-probs reach the loss during the update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsPath {
+    /// The logits of at most this many positions at a time (the default, 512).
+    Chunked(usize),
+    /// Every position's logits and log-softmax in f32 at once (the path before chunking, kept as
+    /// the benchmark's baseline).
+    Full,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpdateConfig {
@@ -20,12 +34,22 @@ pub struct UpdateConfig {
     pub micro_batch: usize,
     /// The rollout's sampling temperature: log-probs are those of logits / temperature.
     pub temperature: f64,
+    pub logits: LogitsPath,
+    /// Recompute each decoder layer during backward instead of keeping its activations.
+    pub checkpoint: bool,
     pub loss: LossConfig,
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
-        Self { mini_batches: 1, micro_batch: 8, temperature: 1.0, loss: LossConfig::default() }
+        Self {
+            mini_batches: 1,
+            micro_batch: 8,
+            temperature: 1.0,
+            logits: LogitsPath::Chunked(512),
+            checkpoint: false,
+            loss: LossConfig::default(),
+        }
     }
 }
 
@@ -54,24 +78,21 @@ fn spans<'a>(rows: &[&'a TrainingRow]) -> Vec<Span<'a>> {
     rows.iter().map(|r| Span::masked(&r.prompt, &r.response, &r.loss_mask)).collect()
 }
 
-/// Right-pad per-row vectors into `[rows, longest]`.
-fn pad(rows: &[Tensor], longest: i64) -> Tensor {
-    let padded: Vec<Tensor> = rows
-        .iter()
-        .map(|t| {
-            let n = t.size()[0];
-            if n == longest {
-                t.shallow_clone()
-            } else {
-                Tensor::cat(&[t, &Tensor::zeros([longest - n], (t.kind(), t.device()))], 0)
-            }
-        })
-        .collect();
-    Tensor::stack(&padded, 0)
+fn bool_mask(row: &TrainingRow, device: Device) -> Tensor {
+    Tensor::from_slice(&row.loss_mask.iter().map(|m| *m == 1).collect::<Vec<_>>()).to_device(device)
 }
 
-fn mask_tensor(row: &TrainingRow, device: Device) -> Tensor {
-    Tensor::from_slice(&row.loss_mask.iter().map(|m| f32::from(*m)).collect::<Vec<_>>()).to_device(device)
+/// The generated-token values of `rows` from per-row `[response_len]` tensors, in flat order.
+fn flat(rows: &[&TrainingRow], per_row: &[Tensor], device: Device) -> Tensor {
+    let parts: Vec<Tensor> = rows.iter().zip(per_row).map(|(r, t)| t.masked_select(&bool_mask(r, device))).collect();
+    Tensor::cat(&parts, 0)
+}
+
+/// Per-token constants of a row, tiled over its generated tokens, in flat order.
+fn tiled(rows: &[&TrainingRow], value: &dyn Fn(usize) -> f64, device: Device) -> Tensor {
+    let v: Vec<f32> =
+        rows.iter().enumerate().flat_map(|(i, r)| std::iter::repeat_n(value(i) as f32, r.generated_tokens())).collect();
+    Tensor::from_slice(&v).to_device(device)
 }
 
 /// `max |exp(old - sampled) - 1|` over the generated tokens that carry a sampling log-prob.
@@ -91,6 +112,53 @@ fn ratio_deviation(rows: &[&TrainingRow], old: &[Tensor]) -> f64 {
     worst
 }
 
+/// Sums of one mini-batch's loss parts.
+#[derive(Debug, Default)]
+struct Sums {
+    policy: f64,
+    kl: f64,
+    entropy: f64,
+    clipped: f64,
+}
+
+/// Forward and backward of one micro-batch: its share (`weights`) of the mini-batch's loss.
+#[allow(clippy::too_many_arguments)]
+fn micro_backward(
+    policy: &CausalLm,
+    chunk: &[&TrainingRow],
+    (old, reference, adv, weights): (&Tensor, &Tensor, &Tensor, &Tensor),
+    cfg: &UpdateConfig,
+    sums: &mut Sums,
+) {
+    let device = policy.device();
+    let mut add = |parts: &super::loss::LossParts| {
+        sums.policy += parts.policy;
+        sums.kl += parts.kl;
+        sums.entropy += parts.entropy;
+        sums.clipped += parts.clipped_tokens;
+    };
+    match cfg.logits {
+        LogitsPath::Chunked(positions) => {
+            let pass = TrainPass { temperature: cfg.temperature, chunk: positions, checkpoint: cfg.checkpoint };
+            backward_spans(policy, &spans(chunk), pass, &mut |lp, ent, range| {
+                let (s, n) = (range.start as i64, range.len() as i64);
+                let cut = |t: &Tensor| t.narrow(0, s, n);
+                let parts = policy_loss(lp, &cut(old), &cut(reference), ent, &cut(adv), &cut(weights), &cfg.loss);
+                add(&parts);
+                parts.loss
+            });
+        }
+        LogitsPath::Full => {
+            let scored = score_spans_full(policy, &spans(chunk), cfg.temperature);
+            let lp = flat(chunk, &scored.iter().map(|s| s.logprobs.shallow_clone()).collect::<Vec<_>>(), device);
+            let ent = flat(chunk, &scored.iter().map(|s| s.entropy.shallow_clone()).collect::<Vec<_>>(), device);
+            let parts = policy_loss(&lp, old, reference, &ent, adv, weights, &cfg.loss);
+            add(&parts);
+            parts.loss.backward();
+        }
+    }
+}
+
 /// Apply one PPO update to `policy` from `rows` with their `advantages` (one per row; rows that
 /// do not train are skipped, their advantages ignored).
 pub fn ppo_update(
@@ -105,10 +173,9 @@ pub fn ppo_update(
     let device: Device = policy.device();
     let (all, advs): (Vec<&TrainingRow>, Vec<f64>) =
         rows.iter().zip(advantages).filter(|(r, _)| r.trains()).map(|(r, a)| (r, *a)).unzip();
-    let score = |with_grad| ScoreOptions { micro_batch: cfg.micro_batch, temperature: cfg.temperature, with_grad };
-    let old: Vec<Tensor> = score_spans(policy, &spans(&all), score(false)).into_iter().map(|s| s.logprobs).collect();
-    let reference: Vec<Tensor> =
-        score_spans(reference, &spans(&all), score(false)).into_iter().map(|s| s.logprobs).collect();
+    let score = ScoreOptions { micro_batch: cfg.micro_batch, temperature: cfg.temperature, with_grad: false };
+    let old: Vec<Tensor> = score_spans(policy, &spans(&all), score).into_iter().map(|s| s.logprobs).collect();
+    let reference: Vec<Tensor> = score_spans(reference, &spans(&all), score).into_iter().map(|s| s.logprobs).collect();
     let mut stats = UpdateStats { first_ratio_max_dev: ratio_deviation(&all, &old), ..Default::default() };
     let n = all.len();
     let per_mini = n.div_ceil(cfg.mini_batches.max(1)).max(1);
@@ -116,37 +183,32 @@ pub fn ppo_update(
     let mut minis = 0u32;
     for mini in (0..n).step_by(per_mini) {
         let end = (mini + per_mini).min(n);
-        let micros: Vec<(usize, usize)> = (mini..end).step_by(micro).map(|s| (s, (s + micro).min(end))).collect();
-        let norm = Normaliser {
-            tokens: all[mini..end].iter().map(|r| r.generated_tokens() as f64).sum(),
-            sequences: (end - mini) as f64,
-            micro_batches: micros.len() as f64,
-        };
+        let rows = &all[mini..end];
+        let micros: Vec<(usize, usize)> =
+            (0..rows.len()).step_by(micro).map(|s| (s, (s + micro).min(rows.len()))).collect();
+        let tokens: Vec<usize> = rows.iter().map(|r| r.generated_tokens()).collect();
+        let weights = token_weights(&tokens, &micros, cfg.loss.aggregation);
+        let mut sums = Sums::default();
         opt.zero_grad();
         for &(s, e) in &micros {
-            let chunk = &all[s..e];
-            let scored = score_spans(policy, &spans(chunk), ScoreOptions { micro_batch: chunk.len(), ..score(true) });
-            let longest = chunk.iter().map(|r| r.response.len()).max().unwrap_or(1) as i64;
-            let logp = pad(&scored.iter().map(|s| s.logprobs.shallow_clone()).collect::<Vec<_>>(), longest);
-            let ent = pad(&scored.iter().map(|s| s.entropy.shallow_clone()).collect::<Vec<_>>(), longest);
-            let old_lp = pad(&old[s..e], longest);
-            let ref_lp = pad(&reference[s..e], longest);
-            let mask = pad(&chunk.iter().map(|r| mask_tensor(r, device)).collect::<Vec<_>>(), longest);
-            let adv = Tensor::from_slice(&advs[s..e]).to_kind(Kind::Float).to_device(device);
-            let parts = policy_loss(&logp, &old_lp, &ref_lp, &ent, &adv, &mask, &cfg.loss, &norm);
-            parts.loss.backward();
-            stats.loss += parts.policy - cfg.loss.entropy_coef * parts.entropy + cfg.loss.kl_coef * parts.kl;
-            stats.policy += parts.policy;
-            stats.kl += parts.kl;
-            stats.entropy += parts.entropy;
-            stats.clip_fraction += parts.clip_fraction;
-            stats.tokens += chunk.iter().map(|r| r.generated_tokens() as u64).sum::<u64>();
+            let chunk = &rows[s..e];
+            let (o, r) =
+                (flat(chunk, &old[mini + s..mini + e], device), flat(chunk, &reference[mini + s..mini + e], device));
+            let adv = tiled(chunk, &|i| advs[mini + s + i], device);
+            let w = tiled(chunk, &|i| weights[s + i], device);
+            micro_backward(policy, chunk, (&o, &r, &adv, &w), cfg, &mut sums);
+            stats.tokens += tokens[s..e].iter().sum::<usize>() as u64;
         }
         let step = opt.step(lr);
         stats.grad_norm = stats.grad_norm.max(step.grad_norm);
         if !step.applied {
             stats.skipped_steps += 1;
         }
+        stats.policy += sums.policy;
+        stats.kl += sums.kl;
+        stats.entropy += sums.entropy;
+        stats.loss += sums.policy - cfg.loss.entropy_coef * sums.entropy + cfg.loss.kl_coef * sums.kl;
+        stats.clip_fraction += sums.clipped / tokens.iter().sum::<usize>().max(1) as f64;
         minis += 1;
     }
     stats.rows = n;

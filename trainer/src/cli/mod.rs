@@ -646,6 +646,10 @@ struct BenchArgs {
     turn_tokens: usize,
     #[arg(long, default_value_t = 200)]
     obs_tokens: usize,
+    /// Also measure the peak memory of one training micro-batch of BxT tokens with the real
+    /// Qwen2.5 vocabulary, full logits against chunked (e.g. `1x4096`; CPU).
+    #[arg(long)]
+    train_memory: Option<String>,
     /// The policy of the rollout (default: --model); a policy that calls tools makes the tree
     /// and chain figures compare something.
     #[arg(long)]
@@ -676,6 +680,17 @@ impl BenchArgs {
             format!("{:?}, {}", l.placement.device, self.model.model.display()),
         )];
         rows.extend(grove_trainer::bench::run(&l.lm, &l.tok, &opts).rows);
+        if let Some(shape) = &self.train_memory {
+            let parsed =
+                shape.split_once('x').and_then(|(b, t)| Some((b.parse::<usize>().ok()?, t.parse::<usize>().ok()?)));
+            let Some((b, t)) = parsed.filter(|(b, t)| *b > 0 && *t > 1) else {
+                bail!("--train-memory {shape}: expected BxT, e.g. 1x4096");
+            };
+            match grove_trainer::bench::train_memory(b, t) {
+                Some(r) => rows.extend(r),
+                None => eprintln!("training memory: /proc/self/status or clear_refs unavailable, not measured"),
+            }
+        }
         let methods = &self.rollout.methods;
         let tree = methods.iter().copied().find(|m| matches!(m, Method::Tree(_))).unwrap_or(Method::tree(2, 2, 1, 3));
         let chain = methods.iter().copied().find(|m| matches!(m, Method::Chain(_))).unwrap_or(Method::chain(4));

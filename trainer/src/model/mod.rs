@@ -204,7 +204,16 @@ impl Attention {
     }
 }
 
+/// What every layer of one forward pass shares: RoPE tables and the attention mask.
+#[derive(Debug)]
+pub struct Pass {
+    cos: Tensor,
+    sin: Tensor,
+    mask: AttnMask,
+}
+
 /// How a forward pass masks attention.
+#[derive(Debug)]
 enum AttnMask {
     /// Plain causal attention (fused kernel).
     Causal,
@@ -350,19 +359,53 @@ impl CausalLm {
         attention_mask: &Tensor,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor {
+        let (mut x, pass) = self.begin(input_ids, position_ids, attention_mask);
+        for i in 0..self.layers.len() {
+            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = self.layer_forward(i, &x, &pass, slot);
+        }
+        self.final_norm(&x)
+    }
+
+    /// The embeddings of a pass and what every layer of it shares (RoPE tables, mask); with
+    /// [`CausalLm::layer_forward`] and [`CausalLm::final_norm`], the pieces of
+    /// [`CausalLm::hidden`], for running layers one at a time (activation checkpointing).
+    pub fn begin(&self, input_ids: &Tensor, position_ids: &Tensor, attention_mask: &Tensor) -> (Tensor, Pass) {
         let new = input_ids.size()[1];
-        let mut x = self.embed.forward(input_ids);
+        let x = self.embed.forward(input_ids);
         let kind = x.kind();
         let (cos, sin) = self.rope(position_ids, kind);
         let mask = self.mask(attention_mask, new, kind);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            let h = layer.attn.forward(&layer.input_norm.forward(&x), &cos, &sin, &mask, slot);
-            // Not `+=`: tch's `+=` is in place and would break autograd.
-            let after_attn = &x + h;
-            x = &after_attn + layer.mlp.forward(&layer.post_norm.forward(&after_attn));
-        }
-        self.norm.forward(&x)
+        (x, Pass { cos, sin, mask })
+    }
+
+    /// Decoder layer `i` on `x`.
+    pub fn layer_forward(
+        &self,
+        i: usize,
+        x: &Tensor,
+        pass: &Pass,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Tensor {
+        let layer = &self.layers[i];
+        let h = layer.attn.forward(&layer.input_norm.forward(x), &pass.cos, &pass.sin, &pass.mask, cache);
+        // Not `+=`: tch's `+=` is in place and would break autograd.
+        let after_attn = x + h;
+        &after_attn + layer.mlp.forward(&layer.post_norm.forward(&after_attn))
+    }
+
+    /// The final RMSNorm.
+    pub fn final_norm(&self, x: &Tensor) -> Tensor {
+        self.norm.forward(x)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The token embeddings alone (the first step of [`CausalLm::begin`]).
+    pub fn embed(&self, input_ids: &Tensor) -> Tensor {
+        self.embed.forward(input_ids)
     }
 
     /// Project hidden states to vocabulary logits (f32).

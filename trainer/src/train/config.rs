@@ -105,6 +105,11 @@ pub struct TrainConfig {
     pub top_k: usize,
     pub micro_batch: usize,
     pub mini_batches: usize,
+    /// Positions whose vocabulary logits exist at once during the update (memory against speed).
+    pub logits_chunk: usize,
+    /// Activation checkpointing: keep each decoder layer's input only and recompute the layer
+    /// during backward.
+    pub checkpoint_layers: bool,
     /// `token-mean` (over the mini-batch), `seq-mean-token-mean` (the paper's Eq. 8) or
     /// `micro-batch-token-mean` (the reference code's).
     pub loss_agg: Aggregation,
@@ -164,6 +169,8 @@ impl Default for TrainConfig {
             top_k: 0,
             micro_batch: 8,
             mini_batches: 8,
+            logits_chunk: 512,
+            checkpoint_layers: false,
             loss_agg: Aggregation::TokenMean,
             clip_ratio_low: 0.2,
             clip_ratio_high: 0.2,
@@ -226,6 +233,7 @@ impl TrainConfig {
         positive("mini_batches", self.mini_batches)?;
         positive("max_new_tokens", self.max_new_tokens)?;
         positive("max_context", self.max_context)?;
+        positive("logits_chunk", self.logits_chunk)?;
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
             return Err(value_error(
                 "temperature",
@@ -266,6 +274,8 @@ impl TrainConfig {
                 mini_batches: self.mini_batches,
                 micro_batch: self.micro_batch,
                 temperature: self.temperature,
+                logits: crate::algo::update::LogitsPath::Chunked(self.logits_chunk),
+                checkpoint: self.checkpoint_layers,
                 loss: LossConfig {
                     clip_low: self.clip_ratio_low,
                     clip_high: self.clip_ratio_high,
