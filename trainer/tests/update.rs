@@ -146,8 +146,7 @@ fn chunked_logits_and_checkpointing_match_the_full_path() {
     ];
     let advantages = [1.2, -0.7, 0.4];
     let base = UpdateConfig { micro_batch: 2, temperature: 0.9, ..Default::default() };
-    let (full, full_stats) =
-        gradient_with(&rows, &advantages, &UpdateConfig { logits: LogitsPath::Full, ..base });
+    let (full, full_stats) = gradient_with(&rows, &advantages, &UpdateConfig { logits: LogitsPath::Full, ..base });
     assert!(full.iter().any(|g| g.abs() > 0.0));
     for (logits, checkpoint) in
         [(LogitsPath::Chunked(3), false), (LogitsPath::Chunked(1), true), (LogitsPath::Chunked(64), true)]
