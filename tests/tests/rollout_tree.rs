@@ -113,7 +113,27 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
         })
         .sum();
     assert!(cost.prefill_tokens < reencode, "prefill {} vs re-encoding {}", cost.prefill_tokens, reencode);
+    // The roots and the snapshots the tree held for expansion share their prefixes' keys and
+    // values: what they hold is bounded by the positions encoded, far below what one copy of
+    // its whole prefix per snapshot would take.
+    let c = &lm.config;
+    let per_token = (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64;
+    let held = engine.kv_bytes();
+    assert!(held <= (cost.prefill_tokens + cost.generated_tokens) * per_token, "{held} bytes");
+    let prompt = rollout.prompt_tokens.len() as u64;
+    let mut copies = shape.m as u64 * prompt;
+    for tree in &rollout.trees {
+        for id in 1..tree.len() {
+            let node = tree.node(id).unwrap();
+            if node.step.as_ref().is_some_and(|s| s.snapshot.is_some()) {
+                let path: u64 = tree.path(id).iter().map(|s| (s.response.len() + s.observation.len()) as u64).sum();
+                copies += prompt + path - node.step.as_ref().unwrap().observation.len() as u64 - 1;
+            }
+        }
+    }
+    assert!(held * 2 < copies * per_token, "{held} bytes held; per-snapshot copies would be {}", copies * per_token);
     rollout.release(&mut engine);
+    assert_eq!(engine.kv_bytes(), 0, "released");
 
     // Chain GRPO with n = 3: three one-chain trees, no forks; with a custom prompt template.
     let config = AgentConfig { prompt_template: Some("Custom agent prompt. Q: {question}\n".into()), ..config };

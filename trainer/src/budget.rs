@@ -65,7 +65,7 @@ fn reencode(engine: &mut Engine<'_>, r: &PromptRollout) -> Result<u64, RolloutEr
                 context.extend(&s.response);
                 context.extend(&s.observation);
             }
-            total += engine.encode_fresh(context)?;
+            total += engine.encode_fresh(&context)?;
         }
     }
     Ok(total)

@@ -175,7 +175,7 @@ fn score_batch(model: &CausalLm, chunk: &[Span<'_>], temperature: f64, with_grad
     let (lp, ent) = if n == 0 {
         (Tensor::zeros([0], (Kind::Float, device)), Tensor::zeros([0], (Kind::Float, device)))
     } else {
-        let hidden = model.hidden(&layout.ids, &layout.pos, &layout.mask, None);
+        let hidden = model.hidden_with(&layout.ids, &layout.pos, crate::model::Masking::Causal, None);
         let hidden = hidden.view([-1, hidden.size()[2]]);
         let step = if with_grad { n } else { (CHUNK_LOGITS / model.config.vocab_size.max(1)).max(1) as usize };
         let (mut lps, mut ents) = (Vec::new(), Vec::new());
@@ -229,14 +229,15 @@ pub fn backward_spans(
     if n == 0 {
         return;
     }
-    let (x0, p) = model.begin(&layout.ids, &layout.pos, &layout.mask);
+    // Right padding only: plain causal attention is exact for every real token.
+    let (x0, p) = model.begin_with(&layout.ids, &layout.pos, crate::model::Masking::Causal, 0);
     // The decoder: with grad, or without it keeping each layer's input for recomputation.
     let (last, inputs) = if pass.checkpoint {
         let mut inputs = Vec::with_capacity(model.num_layers());
         let mut x = x0.detach();
         tch::no_grad(|| {
             for i in 0..model.num_layers() {
-                let next = model.layer_forward(i, &x, &p, None);
+                let next = model.layer_forward(i, &x, &p);
                 inputs.push(std::mem::replace(&mut x, next));
             }
         });
@@ -244,7 +245,7 @@ pub fn backward_spans(
     } else {
         let mut x = x0;
         for i in 0..model.num_layers() {
-            x = model.layer_forward(i, &x, &p, None);
+            x = model.layer_forward(i, &x, &p);
         }
         (x, Vec::new())
     };
@@ -276,7 +277,7 @@ pub fn backward_spans(
                 return;
             }
             let x = input.detach().set_requires_grad(true);
-            let out = model.layer_forward(i, &x, &p, None);
+            let out = model.layer_forward(i, &x, &p);
             (out * grad_out.detach()).sum(Kind::Float).backward();
             grad_out = x.grad();
         }

@@ -152,3 +152,68 @@ fn stop_strings_eos_and_length() {
     // Tokens outside the vocabulary are refused.
     assert!(engine.add(vec![300], 1).is_err());
 }
+
+/// Bytes of keys and values one position takes in `lm` (f32).
+fn kv_bytes_per_token(lm: &grove_trainer::model::CausalLm) -> u64 {
+    let c = &lm.config;
+    (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64
+}
+
+/// The engine before the rewrite is kept as the benchmark's baseline; both decode the same
+/// greedy tokens for a batch of prompts of mixed lengths, forked and extended sequences included.
+#[test]
+fn the_engine_and_the_legacy_engine_decode_the_same_greedy_tokens() {
+    use grove_trainer::generate::legacy::LegacyEngine;
+    let tok = word_tokenizer(None);
+    for name in ["qwen2-tiny", "llama3-tiny"] {
+        let (_vs, lm) = model(name);
+        let (prompt, _) = golden_prompt_and_output(name);
+        let prompts = [prompt.clone(), vec![5, 6, 7, 8, 9, 10, 11], vec![42], prompt[..3].to_vec(), vec![3; 20]];
+        let mut new = Engine::new(&lm);
+        let mut old = LegacyEngine::new(&lm);
+        let a: Vec<_> = prompts.iter().map(|p| new.add(p.clone(), 1).unwrap()).collect();
+        let b: Vec<_> = prompts.iter().map(|p| old.add(p.clone(), 1).unwrap()).collect();
+        let params = SamplingParams::greedy(12);
+        let x = new.generate(&a, &params, &tok).unwrap();
+        let y = old.generate(&b, &params, &tok).unwrap();
+        for (g, h) in x.iter().zip(&y) {
+            assert_eq!(g.tokens, h.tokens, "{name}");
+        }
+        // Fork two of them, extend one child, and continue all in one batch.
+        let (ka, kb) = (new.fork(a[1], 2).unwrap(), old.fork(b[1], 2).unwrap());
+        new.extend(ka[0], &[7, 7, 7]).unwrap();
+        old.extend(kb[0], &[7, 7, 7]).unwrap();
+        let x = new.generate(&[ka[0], ka[1], a[2], a[4]], &params, &tok).unwrap();
+        let y = old.generate(&[kb[0], kb[1], b[2], b[4]], &params, &tok).unwrap();
+        for (g, h) in x.iter().zip(&y) {
+            assert_eq!(g.tokens, h.tokens, "{name}: forked");
+        }
+    }
+}
+
+/// Forks and snapshots share their ancestors' keys and values: what the engine holds grows with
+/// the positions encoded, not with sequences x context.
+#[test]
+fn forks_share_keys_and_values() {
+    let tok = word_tokenizer(None);
+    let (_vs, lm) = model("qwen2-tiny");
+    let per_token = kv_bytes_per_token(&lm);
+    let mut engine = Engine::new(&lm);
+    let root = engine.add((1..=40).collect(), 3).unwrap();
+    engine.generate(&[root], &SamplingParams::greedy(10), &tok).unwrap();
+    // The root holds its 49 positions (all but its last token).
+    assert_eq!(engine.kv_bytes(), 49 * per_token);
+    // Ten snapshots of it add nothing.
+    let snaps = engine.fork(root, 10).unwrap();
+    assert_eq!(engine.kv_bytes(), 49 * per_token);
+    // Four of them continue by 5 tokens each: 4 x 5 new positions, the 49 shared.
+    engine.generate(&snaps[..4], &SamplingParams::greedy(5), &tok).unwrap();
+    assert_eq!(engine.kv_bytes(), (49 + 4 * 5) * per_token);
+    // Copies of the whole prefix per sequence would hold 11 x 49 + 4 x 54.
+    assert!(engine.kv_bytes() < (11 * 49 + 4 * 54) * per_token / 5);
+    // Dropping the sequences frees what only they held.
+    for s in &snaps {
+        engine.remove(*s);
+    }
+    assert_eq!(engine.kv_bytes(), 49 * per_token);
+}

@@ -57,10 +57,54 @@ impl Mlp {
     }
 }
 
-/// Keys and values of earlier positions, per layer: `[batch, kv_heads, past, head_dim]`.
+/// One layer's keys and values, `[batch, kv_heads, capacity, head_dim]` each, of which the first
+/// `len` positions hold data: appending writes in place while there is room.
+#[derive(Debug)]
+struct LayerKv {
+    k: Tensor,
+    v: Tensor,
+    len: i64,
+}
+
+impl LayerKv {
+    fn valid(&self) -> (Tensor, Tensor) {
+        (self.k.narrow(2, 0, self.len), self.v.narrow(2, 0, self.len))
+    }
+
+    fn of(k: Tensor, v: Tensor) -> Self {
+        let len = k.size()[2];
+        Self { k, v, len }
+    }
+
+    /// Append `k`, `v` (`[batch, kv_heads, new, head_dim]`) and return all valid positions.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let new = k.size()[2];
+        if self.len + new > self.k.size()[2] {
+            // Grow by doubling: amortised O(1) copies per position.
+            let mut size = self.k.size();
+            size[2] = (2 * (self.len + new)).max(16);
+            let len = self.len;
+            let grow = |old: &Tensor| {
+                let mut t = Tensor::zeros(&size, (old.kind(), old.device()));
+                t.narrow(2, 0, len).copy_(&old.narrow(2, 0, len));
+                let _ = &mut t;
+                t
+            };
+            self.k = grow(&self.k);
+            self.v = grow(&self.v);
+        }
+        self.k.narrow(2, self.len, new).copy_(k);
+        self.v.narrow(2, self.len, new).copy_(v);
+        self.len += new;
+        self.valid()
+    }
+}
+
+/// Keys and values of earlier positions, per layer: `[batch, kv_heads, past, head_dim]`, stored
+/// with spare capacity so that decoding appends in place.
 #[derive(Debug, Default)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<LayerKv>>,
 }
 
 impl KvCache {
@@ -70,21 +114,42 @@ impl KvCache {
 
     /// Positions held.
     pub fn len(&self) -> i64 {
-        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.size()[2])
+        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |l| l.len)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Rows `rows` of the cache (e.g. `[0, 0, 0]` forks row 0 three times). Tensors are copied
-    /// on index_select; the originals are untouched.
+    fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> KvCache {
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    l.as_ref().map(|l| {
+                        let (k, v) = l.valid();
+                        LayerKv::of(f(&k), f(&v))
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Rows `rows` of the cache (e.g. `[0, 0, 0]` forks row 0 three times), copied; spare
+    /// capacity is kept.
     pub fn select_rows(&self, rows: &Tensor) -> KvCache {
         KvCache {
             layers: self
                 .layers
                 .iter()
-                .map(|l| l.as_ref().map(|(k, v)| (k.index_select(0, rows), v.index_select(0, rows))))
+                .map(|l| {
+                    l.as_ref().map(|l| LayerKv {
+                        k: l.k.index_select(0, rows),
+                        v: l.v.index_select(0, rows),
+                        len: l.len,
+                    })
+                })
                 .collect(),
         }
     }
@@ -94,9 +159,12 @@ impl KvCache {
         let first = caches.first()?;
         let layers = (0..first.layers.len())
             .map(|i| {
-                let ks: Option<Vec<&Tensor>> = caches.iter().map(|c| c.layers[i].as_ref().map(|(k, _)| k)).collect();
-                let vs: Option<Vec<&Tensor>> = caches.iter().map(|c| c.layers[i].as_ref().map(|(_, v)| v)).collect();
-                Some((Tensor::cat(&ks?, 0), Tensor::cat(&vs?, 0)))
+                let parts: Option<Vec<(Tensor, Tensor)>> =
+                    caches.iter().map(|c| c.layers[i].as_ref().map(LayerKv::valid)).collect();
+                let parts = parts?;
+                let ks: Vec<&Tensor> = parts.iter().map(|p| &p.0).collect();
+                let vs: Vec<&Tensor> = parts.iter().map(|p| &p.1).collect();
+                Some(LayerKv::of(Tensor::cat(&ks, 0), Tensor::cat(&vs, 0)))
             })
             .collect();
         Some(KvCache { layers })
@@ -104,7 +172,7 @@ impl KvCache {
 
     /// Prepend zero positions so the cache holds `to` positions (for left-padded batches).
     pub fn left_pad(&self, to: i64) -> KvCache {
-        let pad = |t: &Tensor| {
+        self.map(|t| {
             let mut size = t.size();
             let missing = to - size[2];
             if missing <= 0 {
@@ -112,25 +180,57 @@ impl KvCache {
             }
             size[2] = missing;
             Tensor::cat(&[&Tensor::zeros(size, (t.kind(), t.device())), t], 2)
-        };
-        KvCache { layers: self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (pad(k), pad(v)))).collect() }
+        })
     }
 
     /// Positions `start..start + len`, copied (so the larger tensor they came from can be freed).
     pub fn narrow_positions(&self, start: i64, len: i64) -> KvCache {
-        let cut = |t: &Tensor| t.narrow(2, start, len).contiguous();
-        KvCache { layers: self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (cut(k), cut(v)))).collect() }
+        self.map(|t| t.narrow(2, start, len).contiguous())
     }
 
     /// A shallow handle to the same tensors (no copy): what a forked sequence starts from.
     pub fn share(&self) -> KvCache {
-        KvCache {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| l.as_ref().map(|(k, v)| (k.shallow_clone(), v.shallow_clone())))
-                .collect(),
+        self.map(Tensor::shallow_clone)
+    }
+
+    /// Write positions `0..n` of `layers` (one `[kv_heads, >= n, head_dim]` pair per layer) at
+    /// position `at` of batch row `row`. For filling a preallocated cache.
+    pub fn write_row(&mut self, row: i64, at: i64, layers: &[(Tensor, Tensor)], n: i64) {
+        for (slot, (k, v)) in self.layers.iter_mut().zip(layers) {
+            if let Some(l) = slot {
+                l.k.get(row).narrow(1, at, n).copy_(&k.narrow(1, 0, n));
+                l.v.get(row).narrow(1, at, n).copy_(&v.narrow(1, 0, n));
+            }
         }
+    }
+
+    /// Row `row`'s positions `at..at + n`, copied out: one `[kv_heads, n, head_dim]` pair per
+    /// layer.
+    pub fn read_row(&self, row: i64, at: i64, n: i64) -> Vec<(Tensor, Tensor)> {
+        self.layers
+            .iter()
+            .filter_map(|l| l.as_ref())
+            .map(|l| (l.k.get(row).narrow(1, at, n).contiguous(), l.v.get(row).narrow(1, at, n).contiguous()))
+            .collect()
+    }
+
+    /// Declare the first `len` positions valid (after [`KvCache::write_row`]).
+    pub fn set_len(&mut self, len: i64) {
+        for l in self.layers.iter_mut().flatten() {
+            l.len = len.min(l.k.size()[2]);
+        }
+    }
+
+    /// Bytes of the valid positions.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                let per_position = l.k.size()[0] * l.k.size()[1] * l.k.size()[3];
+                (2 * per_position * l.len) as u64 * l.k.kind().elt_size_in_bytes() as u64
+            })
+            .sum()
     }
 }
 
@@ -168,36 +268,35 @@ impl Attention {
         cos: &Tensor,
         sin: &Tensor,
         mask: &AttnMask,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<&mut Option<LayerKv>>,
     ) -> Tensor {
         let (b, t) = (x.size()[0], x.size()[1]);
         let q = self.q.forward(x).view([b, t, self.heads, self.head_dim]).transpose(1, 2);
         let k = self.k.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
         let v = self.v.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
         let q = apply_rope(&q, cos, sin);
-        let mut k = apply_rope(&k, cos, sin);
-        let mut v = v;
-        if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.as_ref() {
-                k = Tensor::cat(&[pk, &k], 2);
-                v = Tensor::cat(&[pv, &v], 2);
-            }
-            *slot = Some((k.shallow_clone(), v.shallow_clone()));
-        }
-        // Grouped-query attention: each KV head serves `groups` consecutive query heads.
-        let groups = self.heads / self.kv_heads;
-        let (k, v) = if groups > 1 {
-            (k.repeat_interleave_self_int(groups, 1, None), v.repeat_interleave_self_int(groups, 1, None))
-        } else {
-            (k, v)
+        let k = apply_rope(&k, cos, sin);
+        let (k, v) = match cache {
+            Some(slot) => match slot {
+                Some(l) => l.append(&k, &v),
+                None => {
+                    let l = LayerKv::of(k, v);
+                    let out = l.valid();
+                    *slot = Some(l);
+                    out
+                }
+            },
+            None => (k, v),
         };
-        // libtorch's fused attention: no [batch, heads, new, total] scores are kept for backward
-        // when the mask is plain causal, which is what makes training fit and run fast.
+        // Grouped-query attention without copying keys and values: each KV head serves `groups`
+        // consecutive query heads (SDPA's `enable_gqa`). libtorch's fused attention keeps no
+        // [batch, heads, new, total] scores for backward when the mask is plain causal, which is
+        // what makes training fit and run fast.
+        let gqa = self.heads != self.kv_heads;
         let out = match mask {
-            AttnMask::Causal => {
-                Tensor::scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, false)
-            }
-            AttnMask::Additive(m) => Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, false),
+            AttnMask::Causal => Tensor::scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, gqa),
+            AttnMask::None => Tensor::scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, false, None, gqa),
+            AttnMask::Additive(m) => Tensor::scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, gqa),
         };
         let out = out.transpose(1, 2).contiguous().view([b, t, self.heads * self.head_dim]);
         self.o.forward(&out)
@@ -215,10 +314,24 @@ pub struct Pass {
 /// How a forward pass masks attention.
 #[derive(Debug)]
 enum AttnMask {
-    /// Plain causal attention (fused kernel).
+    /// Plain causal attention without past positions (fused kernel).
     Causal,
+    /// Every query sees every key (one new position after an unpadded past).
+    None,
     /// Additive `[batch, 1, new, past + new]` mask.
     Additive(Tensor),
+}
+
+/// What the caller knows about a pass's padding, so that the mask needs no look at the data.
+#[derive(Debug, Clone, Copy)]
+pub enum Masking<'a> {
+    /// No padding before any real token (right padding, if any, is harmless under causal
+    /// attention) and no cache: plain causal attention.
+    Causal,
+    /// No padding at all; the new positions follow a cache of past positions.
+    CausalAfterPast,
+    /// `[batch, past + new]` attention mask, 1 on real positions.
+    Padding(&'a Tensor),
 }
 
 fn rotate_half(x: &Tensor) -> Tensor {
@@ -298,10 +411,9 @@ impl CausalLm {
     /// A cache of `len` zero positions for one row (a sequence with nothing encoded yet, padded
     /// into a batch; its positions are masked out).
     pub fn zero_cache(&self, len: i64) -> KvCache {
-        let c = &self.config;
-        let kind = self.embed.ws.kind();
-        let z = || Tensor::zeros([1, c.num_key_value_heads, len, c.head_dim], (kind, self.device));
-        KvCache { layers: self.layers.iter().map(|_| Some((z(), z()))).collect() }
+        let mut cache = self.cache_with_capacity(1, len);
+        cache.set_len(len);
+        cache
     }
 
     /// RoPE tables for `position_ids` `[batch, new]`: `[batch, 1, new, head_dim]` each, in `kind`.
@@ -362,9 +474,78 @@ impl CausalLm {
         let (mut x, pass) = self.begin(input_ids, position_ids, attention_mask);
         for i in 0..self.layers.len() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = self.layer_forward(i, &x, &pass, slot);
+            x = self.layer_forward_cached(i, &x, &pass, slot);
         }
         self.final_norm(&x)
+    }
+
+    /// [`CausalLm::hidden`] with the masking stated by the caller (no look at the mask's data).
+    pub fn hidden_with(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        masking: Masking<'_>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let past = cache.as_deref().map_or(0, KvCache::len);
+        let (mut x, pass) = self.begin_with(input_ids, position_ids, masking, past);
+        for i in 0..self.layers.len() {
+            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = self.layer_forward_cached(i, &x, &pass, slot);
+        }
+        self.final_norm(&x)
+    }
+
+    /// Logits of the last new position only, `[batch, vocab]`, with the masking stated.
+    pub fn forward_last_with(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        masking: Masking<'_>,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let h = self.hidden_with(input_ids, position_ids, masking, cache);
+        let t = h.size()[1];
+        self.logits(&h.narrow(1, t - 1, 1).squeeze_dim(1))
+    }
+
+    /// Like [`CausalLm::begin`], with the masking stated and `past` cached positions before
+    /// the new ones.
+    pub fn begin_with(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        masking: Masking<'_>,
+        past: i64,
+    ) -> (Tensor, Pass) {
+        let new = input_ids.size()[1];
+        let x = self.embed.forward(input_ids);
+        let kind = x.kind();
+        let (cos, sin) = self.rope(position_ids, kind);
+        let mask = match masking {
+            Masking::Causal if past == 0 => AttnMask::Causal,
+            Masking::Causal | Masking::CausalAfterPast if new == 1 => AttnMask::None,
+            Masking::Causal | Masking::CausalAfterPast => {
+                let all = Tensor::ones([input_ids.size()[0], past + new], (Kind::Int64, self.device));
+                AttnMask::Additive(self.additive_mask(&all, new, kind))
+            }
+            Masking::Padding(m) => AttnMask::Additive(self.additive_mask(m, new, kind)),
+        };
+        (x, Pass { cos, sin, mask })
+    }
+
+    /// Decoder layer `i` on `x` (no cache).
+    pub fn layer_forward(&self, i: usize, x: &Tensor, pass: &Pass) -> Tensor {
+        self.layer_forward_cached(i, x, pass, None)
+    }
+
+    /// An empty cache with room for `capacity` positions of `batch` rows (zeros), for
+    /// [`KvCache::write_row`] and in-place decoding.
+    pub fn cache_with_capacity(&self, batch: i64, capacity: i64) -> KvCache {
+        let c = &self.config;
+        let kind = self.embed.ws.kind();
+        let z = || Tensor::zeros([batch, c.num_key_value_heads, capacity, c.head_dim], (kind, self.device));
+        KvCache { layers: self.layers.iter().map(|_| Some(LayerKv { k: z(), v: z(), len: 0 })).collect() }
     }
 
     /// The embeddings of a pass and what every layer of it shares (RoPE tables, mask); with
@@ -380,13 +561,7 @@ impl CausalLm {
     }
 
     /// Decoder layer `i` on `x`.
-    pub fn layer_forward(
-        &self,
-        i: usize,
-        x: &Tensor,
-        pass: &Pass,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
-    ) -> Tensor {
+    fn layer_forward_cached(&self, i: usize, x: &Tensor, pass: &Pass, cache: Option<&mut Option<LayerKv>>) -> Tensor {
         let layer = &self.layers[i];
         let h = layer.attn.forward(&layer.input_norm.forward(x), &pass.cos, &pass.sin, &pass.mask, cache);
         // Not `+=`: tch's `+=` is in place and would break autograd.

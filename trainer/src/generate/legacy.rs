@@ -1,10 +1,10 @@
-//! The generation engine: batched sampling with a KV cache, per-sequence seeded randomness, stop
-//! strings and EOS, and **forkable sequences**: a sequence's cache can be forked into children
-//! that continue from the same prefix without re-encoding it, and a child can be extended with
-//! new tokens (an observation) before it samples again.
+//! The generation engine before the rewrite of `generate` (kept as the benchmark's baseline:
+//! `trainer bench` measures both in the same run, and a test checks their greedy outputs agree).
+//! Each call left-pads and concatenates every row's cache, appends each step by `cat`, samples
+//! row by row on the host and re-decodes each generation at every token; every sequence holds its
+//! own contiguous copy of its whole prefix.
 //!
-//! Invariant of a sequence between calls: its cache holds every token but the last, which is fed
-//! at the start of the next generation (so that its logits exist without recomputation).
+//! Invariant of a sequence between calls: its cache holds every token but the last.
 
 use std::collections::HashMap;
 
@@ -12,81 +12,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
+use super::{EngineError, EngineStats, Finish, Generation, SamplingParams, SeqId, mix};
 use crate::model::{CausalLm, KvCache};
-use crate::tokenizer::{Tokenizer, TokenizerError};
-
-pub type SeqId = u64;
-
-/// How to sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f64,
-    /// Nucleus sampling; 1.0 disables it.
-    pub top_p: f64,
-    /// 0 disables it.
-    pub top_k: usize,
-    pub max_new_tokens: usize,
-    /// Generation stops at the token whose decoded text completes one of these. That token is
-    /// kept whole, so the text may run a few characters past the stop string: the text sent to
-    /// the environment is always the decoding of the tokens that are trained.
-    pub stop: Vec<String>,
-}
-
-impl Default for SamplingParams {
-    /// The reference rollout settings: T = 1, top-p 0.95, no top-k, stop at `</search>` /
-    /// `</answer>`, 500 new tokens.
-    fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            top_p: 0.95,
-            top_k: 0,
-            max_new_tokens: 500,
-            stop: vec!["</search>".into(), "</answer>".into()],
-        }
-    }
-}
-
-impl SamplingParams {
-    pub fn greedy(max_new_tokens: usize) -> Self {
-        Self { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens, stop: Vec::new() }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Eos,
-    Stop,
-    Length,
-}
-
-/// What one call produced for one sequence.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Generation {
-    pub seq: SeqId,
-    /// The kept new tokens (EOS excluded; through the token that completed a stop string).
-    pub tokens: Vec<u32>,
-    /// The log-probability of each kept token under the distribution it was drawn from: the
-    /// logits divided by the temperature, before top-k / top-p truncation (the distribution the
-    /// trainer's log-probs recompute); unscaled logits when greedy.
-    pub logprobs: Vec<f32>,
-    /// Exactly the decoding of `tokens` (special tokens skipped).
-    pub text: String,
-    pub finish: Finish,
-}
-
-/// Token counts, for budget accounting.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Tokens run through the model to build caches (prompts, observations, forks' extensions).
-    pub prefill_tokens: u64,
-    /// Tokens sampled.
-    pub generated_tokens: u64,
-    /// Calls of [`Engine::generate`], and the sequences they decoded together (their ratio is
-    /// the mean batch size).
-    pub generate_calls: u64,
-    pub generated_sequences: u64,
-}
+use crate::tokenizer::Tokenizer;
 
 #[derive(Debug)]
 struct SeqState {
@@ -99,36 +27,16 @@ struct SeqState {
     forks: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("no sequence {0}")]
-    UnknownSequence(SeqId),
-    #[error("sequence {0} is empty")]
-    Empty(SeqId),
-    #[error("token id {0} is outside the vocabulary")]
-    BadToken(u32),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-}
-
-/// Sequences and their caches, on the model's device. Not `Sync`: it lives on the tensor thread.
+/// Sequences and their caches, the way the engine was before (see the module note).
 #[derive(Debug)]
-pub struct Engine<'m> {
+pub struct LegacyEngine<'m> {
     model: &'m CausalLm,
     seqs: HashMap<SeqId, SeqState>,
     next: SeqId,
     pub stats: EngineStats,
 }
 
-fn mix(a: u64, b: u64) -> u64 {
-    // splitmix64 of a combination: distinct, well-spread child seeds.
-    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl<'m> Engine<'m> {
+impl<'m> LegacyEngine<'m> {
     pub fn new(model: &'m CausalLm) -> Self {
         Self { model, seqs: HashMap::new(), next: 0, stats: EngineStats::default() }
     }
@@ -199,18 +107,6 @@ impl<'m> Engine<'m> {
 
     pub fn remove(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
-    }
-
-    /// Encode `tokens` into a fresh cache (all but the last, as for a sequence about to
-    /// generate), then drop it: what re-encoding a context from scratch costs. Returns the tokens
-    /// encoded.
-    pub fn encode_fresh(&mut self, tokens: Vec<u32>) -> Result<u64, EngineError> {
-        let before = self.stats.prefill_tokens;
-        let id = self.add(tokens, 0)?;
-        let done = self.prefill(id);
-        self.remove(id);
-        done?;
-        Ok(self.stats.prefill_tokens - before)
     }
 
     /// Encode everything but the last token of `seq` into its cache.

@@ -1,0 +1,611 @@
+//! The generation engine: batched sampling with a KV cache, per-sequence seeded randomness, stop
+//! strings and EOS, and **forkable sequences**: a sequence can be forked into children that
+//! continue from the same prefix without re-encoding it, and a child can be extended with new
+//! tokens (an observation) before it samples again.
+//!
+//! Built for the device:
+//! - a sequence's keys and values are a chain of immutable segments shared with its ancestors
+//!   (a fork or a snapshot copies a pointer), so the memory a tree of sequences holds grows with
+//!   the tokens encoded, not with nodes x context;
+//! - one `generate` call lays its rows into one preallocated, left-padded batch cache, encodes
+//!   every row's new tokens in one batched pass (the prompts, the observations), then decodes
+//!   writing each step's keys and values in place;
+//! - sampling (temperature, top-k, top-p, greedy) runs on the device for the whole batch, with
+//!   one device-to-host transfer per decode step (the tokens and their log-probabilities);
+//! - stop strings are checked on the last few tokens only;
+//! - finished rows stay in the batch until half of it has finished, then the batch is compacted
+//!   once (amortised: each row is copied at most a few times, not once per finished row).
+//!
+//! Invariant of a sequence between calls: its cache holds every token but the last, which is fed
+//! at the start of the next generation (so that its logits exist without recomputation).
+//!
+//! [`legacy`] keeps the engine before this one, as the benchmark's baseline.
+
+pub mod legacy;
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::model::{CausalLm, KvCache, Masking};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+pub type SeqId = u64;
+
+/// How to sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f64,
+    /// Nucleus sampling; 1.0 disables it.
+    pub top_p: f64,
+    /// 0 disables it.
+    pub top_k: usize,
+    pub max_new_tokens: usize,
+    /// Generation stops at the token whose decoded text completes one of these. That token is
+    /// kept whole, so the text may run a few characters past the stop string: the text sent to
+    /// the environment is always the decoding of the tokens that are trained.
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    /// The reference rollout settings: T = 1, top-p 0.95, no top-k, stop at `</search>` /
+    /// `</answer>`, 500 new tokens.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 0,
+            max_new_tokens: 500,
+            stop: vec!["</search>".into(), "</answer>".into()],
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self { temperature: 0.0, top_p: 1.0, top_k: 0, max_new_tokens, stop: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Eos,
+    Stop,
+    Length,
+}
+
+/// What one call produced for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    pub seq: SeqId,
+    /// The kept new tokens (EOS excluded; through the token that completed a stop string).
+    pub tokens: Vec<u32>,
+    /// The log-probability of each kept token under the distribution it was drawn from: the
+    /// logits divided by the temperature, before top-k / top-p truncation (the distribution the
+    /// trainer's log-probs recompute); unscaled logits when greedy.
+    pub logprobs: Vec<f32>,
+    /// Exactly the decoding of `tokens` (special tokens skipped).
+    pub text: String,
+    pub finish: Finish,
+}
+
+/// Token counts, for budget accounting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Tokens run through the model to build caches (prompts, observations, forks' extensions).
+    pub prefill_tokens: u64,
+    /// Tokens sampled.
+    pub generated_tokens: u64,
+    /// Calls of [`Engine::generate`], and the sequences they decoded together (their ratio is
+    /// the mean batch size).
+    pub generate_calls: u64,
+    pub generated_sequences: u64,
+    /// Cached positions encoded again to line a batch's rows up (the first pass of a call runs
+    /// every row's last `max uncached` tokens).
+    pub recomputed_tokens: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no sequence {0}")]
+    UnknownSequence(SeqId),
+    #[error("sequence {0} is empty")]
+    Empty(SeqId),
+    #[error("token id {0} is outside the vocabulary")]
+    BadToken(u32),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// Keys and values of consecutive positions of a sequence, one `[kv_heads, n, head_dim]` pair per
+/// layer, after the positions its parent segment holds. Immutable once made: forks share it.
+#[derive(Debug)]
+struct Segment {
+    parent: Option<Rc<Segment>>,
+    /// Position of this segment's first token.
+    start: usize,
+    len: usize,
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl Segment {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+
+    fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.numel() * k.kind().elt_size_in_bytes() + v.numel() * v.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+}
+
+#[derive(Debug)]
+struct SeqState {
+    tokens: Vec<u32>,
+    /// Holds `tokens[..cached]`, where `cached` is the chain's end.
+    kv: Option<Rc<Segment>>,
+    rng: ChaCha8Rng,
+    seed: u64,
+    forks: u64,
+}
+
+impl SeqState {
+    fn cached(&self) -> usize {
+        self.kv.as_ref().map_or(0, |s| s.end())
+    }
+}
+
+/// Sequences and their caches, on the model's device. Not `Sync`: it lives on the tensor thread.
+#[derive(Debug)]
+pub struct Engine<'m> {
+    model: &'m CausalLm,
+    seqs: HashMap<SeqId, SeqState>,
+    next: SeqId,
+    pub stats: EngineStats,
+}
+
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
+    // splitmix64 of a combination: distinct, well-spread child seeds.
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One row of a generate call.
+#[derive(Debug)]
+struct Row {
+    seq: SeqId,
+    /// Known tokens before this call.
+    len: usize,
+    /// Positions its chain held before this call.
+    cached: usize,
+    generated: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish: Option<Finish>,
+}
+
+impl<'m> Engine<'m> {
+    pub fn new(model: &'m CausalLm) -> Self {
+        Self { model, seqs: HashMap::new(), next: 0, stats: EngineStats::default() }
+    }
+
+    fn device(&self) -> Device {
+        self.model.device()
+    }
+
+    /// A new sequence holding `tokens` (a prompt), with its own random stream.
+    pub fn add(&mut self, tokens: Vec<u32>, seed: u64) -> Result<SeqId, EngineError> {
+        self.check(&tokens)?;
+        self.next += 1;
+        let id = self.next;
+        if tokens.is_empty() {
+            return Err(EngineError::Empty(id));
+        }
+        self.seqs.insert(id, SeqState { tokens, kv: None, rng: ChaCha8Rng::seed_from_u64(seed), seed, forks: 0 });
+        Ok(id)
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let vocab = self.model.config.vocab_size;
+        match tokens.iter().find(|t| i64::from(**t) >= vocab) {
+            Some(t) => Err(EngineError::BadToken(*t)),
+            None => Ok(()),
+        }
+    }
+
+    /// Append tokens (an observation) to a sequence; they are encoded at its next generation.
+    pub fn extend(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), EngineError> {
+        self.check(tokens)?;
+        self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSequence(seq))?.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// `n` children continuing from `seq` as it is now. They share its keys and values (a
+    /// pointer each: no copy, no re-encoding) and get independent random streams derived from
+    /// the parent's seed.
+    pub fn fork(&mut self, seq: SeqId, n: usize) -> Result<Vec<SeqId>, EngineError> {
+        let parent = self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSequence(seq))?;
+        let mut made = Vec::with_capacity(n);
+        for _ in 0..n {
+            parent.forks += 1;
+            let seed = mix(parent.seed, parent.forks);
+            made.push(SeqState {
+                tokens: parent.tokens.clone(),
+                kv: parent.kv.clone(),
+                rng: ChaCha8Rng::seed_from_u64(seed),
+                seed,
+                forks: 0,
+            });
+        }
+        let mut children = Vec::with_capacity(n);
+        for state in made {
+            self.next += 1;
+            self.seqs.insert(self.next, state);
+            children.push(self.next);
+        }
+        Ok(children)
+    }
+
+    pub fn tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        self.seqs.get(&seq).map(|s| s.tokens.as_slice())
+    }
+
+    pub fn remove(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+
+    /// Bytes of keys and values the live sequences hold, each shared segment counted once.
+    pub fn kv_bytes(&self) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0;
+        for s in self.seqs.values() {
+            let mut at = s.kv.as_ref();
+            while let Some(seg) = at {
+                if !seen.insert(Rc::as_ptr(seg)) {
+                    break;
+                }
+                total += seg.bytes();
+                at = seg.parent.as_ref();
+            }
+        }
+        total
+    }
+
+    /// Encode `tokens` into a fresh cache (all but the last, as for a sequence about to
+    /// generate), then drop it: what re-encoding a context from scratch costs. Returns the tokens
+    /// encoded.
+    pub fn encode_fresh(&mut self, tokens: &[u32]) -> Result<u64, EngineError> {
+        self.check(tokens)?;
+        let n = tokens.len().saturating_sub(1);
+        if n > 0 {
+            let device = self.device();
+            let ids: Vec<i64> = tokens[..n].iter().map(|t| i64::from(*t)).collect();
+            let ids = Tensor::from_slice(&ids).view([1, n as i64]).to_device(device);
+            let pos = Tensor::arange(n as i64, (Kind::Int64, device)).unsqueeze(0);
+            tch::no_grad(|| {
+                let _ = self.model.hidden_with(&ids, &pos, Masking::Causal, None);
+            });
+        }
+        self.stats.prefill_tokens += n as u64;
+        Ok(n as u64)
+    }
+
+    /// Generate for several sequences at once; each stops at EOS, a stop string or
+    /// `max_new_tokens`. Results are in the order of `seqs`.
+    pub fn generate(
+        &mut self,
+        seqs: &[SeqId],
+        params: &SamplingParams,
+        tok: &Tokenizer,
+    ) -> Result<Vec<Generation>, EngineError> {
+        for &s in seqs {
+            if !self.seqs.contains_key(&s) {
+                return Err(EngineError::UnknownSequence(s));
+            }
+        }
+        self.stats.generate_calls += 1;
+        self.stats.generated_sequences += seqs.len() as u64;
+        if params.max_new_tokens == 0 || seqs.is_empty() {
+            return Ok(seqs
+                .iter()
+                .map(|&seq| Generation {
+                    seq,
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    text: String::new(),
+                    finish: Finish::Length,
+                })
+                .collect());
+        }
+        let mut rows: Vec<Row> = seqs
+            .iter()
+            .map(|&seq| {
+                let s = &self.seqs[&seq];
+                Row {
+                    seq,
+                    len: s.tokens.len(),
+                    cached: s.cached(),
+                    generated: Vec::new(),
+                    logprobs: Vec::new(),
+                    finish: None,
+                }
+            })
+            .collect();
+        let mut batch = Batch::build(self, &rows, params.max_new_tokens)?;
+        self.stats.prefill_tokens += batch.encoded;
+        self.stats.recomputed_tokens += batch.recomputed;
+        let window = params.stop.iter().map(|s| s.len()).max().unwrap_or(0) + 2;
+        let mut step = 0usize;
+        let mut logits = batch.logits.shallow_clone();
+        loop {
+            // Draw each active row's uniform from its own stream (finished rows draw nothing).
+            let uniforms: Vec<f32> = batch
+                .order
+                .iter()
+                .map(|&r| {
+                    let active = rows[r].finish.is_none();
+                    let state = self.seqs.get_mut(&rows[r].seq);
+                    match (active && params.temperature > 0.0, state) {
+                        (true, Some(s)) => s.rng.random::<f32>(),
+                        _ => 0.0,
+                    }
+                })
+                .collect();
+            let drawn = sample_batch(&logits, params, &uniforms);
+            step += 1;
+            for (slot, &r) in batch.order.iter().enumerate() {
+                let row = &mut rows[r];
+                if row.finish.is_some() {
+                    continue;
+                }
+                let (token, lp) = drawn[slot];
+                self.stats.generated_tokens += 1;
+                row.finish = if tok.eos_ids.contains(&token) {
+                    Some(Finish::Eos)
+                } else {
+                    row.generated.push(token);
+                    row.logprobs.push(lp);
+                    let tail = row.generated.len().saturating_sub(window);
+                    let text = tok.decode(&row.generated[tail..], true)?;
+                    if params.stop.iter().any(|s| text.contains(s.as_str())) {
+                        Some(Finish::Stop)
+                    } else if step >= params.max_new_tokens {
+                        Some(Finish::Length)
+                    } else {
+                        None
+                    }
+                };
+                if row.finish.is_some() {
+                    batch.keep(self, row, slot)?;
+                }
+            }
+            let active = batch.order.iter().filter(|&&r| rows[r].finish.is_none()).count();
+            if active == 0 {
+                break;
+            }
+            if active * 2 <= batch.order.len() && batch.order.len() > 1 {
+                batch.compact(&rows);
+            }
+            let next: Vec<i64> =
+                batch.order.iter().map(|&r| i64::from(*rows[r].generated.last().unwrap_or(&0))).collect();
+            logits = batch.decode(self.model, &next);
+        }
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let text = tok.decode(&row.generated, true)?;
+            let state = self.seqs.get_mut(&row.seq).ok_or(EngineError::UnknownSequence(row.seq))?;
+            state.tokens.extend_from_slice(&row.generated);
+            let finish = row.finish.unwrap_or(Finish::Length);
+            out.insert(
+                row.seq,
+                Generation { seq: row.seq, tokens: row.generated, logprobs: row.logprobs, text, finish },
+            );
+        }
+        Ok(seqs.iter().filter_map(|s| out.remove(s)).collect())
+    }
+}
+
+/// The batch cache of one generate call. Row r's known tokens end at column `end` (left
+/// padding); generated tokens are written at `end`, `end + 1`, ... for every row.
+struct Batch {
+    cache: KvCache,
+    /// `[rows, capacity]`, 1 on real columns (every column from `end` on is real for every row).
+    mask: Tensor,
+    /// Which `rows` entry each batch row is (after compactions, a subset).
+    order: Vec<usize>,
+    /// Each batch row's known length before the call (for positions).
+    lens: Vec<usize>,
+    end: usize,
+    /// Decode steps done (tokens fed after the first pass).
+    fed: usize,
+    padded: bool,
+    logits: Tensor,
+    /// New positions the first pass encoded, and positions it recomputed to align the rows.
+    encoded: u64,
+    recomputed: u64,
+}
+
+impl Batch {
+    /// Lay the rows out, copy their cached prefixes in, and run the first pass over every row's
+    /// last `width` tokens (at least its uncached ones): its logits are the first step's.
+    fn build(engine: &Engine<'_>, rows: &[Row], max_new: usize) -> Result<Batch, EngineError> {
+        let model = engine.model;
+        let device = engine.device();
+        let b = rows.len();
+        let end = rows.iter().map(|r| r.len).max().unwrap_or(1);
+        let width = rows.iter().map(|r| r.len - r.cached.min(r.len - 1)).max().unwrap_or(1);
+        let capacity = end + max_new;
+        let mut cache = model.cache_with_capacity(b as i64, capacity as i64);
+        let mut mask = vec![0i64; b * capacity];
+        let mut ids = vec![0i64; b * width];
+        let mut pos = vec![0i64; b * width];
+        for (r, row) in rows.iter().enumerate() {
+            let state = &engine.seqs[&row.seq];
+            let first = end - row.len;
+            for c in first..capacity {
+                mask[r * capacity + c] = 1;
+            }
+            // Positions before the pass come from the chain.
+            let from_chain = row.len.saturating_sub(width);
+            let mut segments = Vec::new();
+            let mut at = state.kv.as_ref();
+            while let Some(seg) = at {
+                segments.push(seg.clone());
+                at = seg.parent.as_ref();
+            }
+            for seg in segments.iter().rev() {
+                if seg.start >= from_chain {
+                    break;
+                }
+                let n = seg.len.min(from_chain - seg.start);
+                cache.write_row(r as i64, (first + seg.start) as i64, &seg.layers, n as i64);
+            }
+            for i in 0..width {
+                let col = end - width + i;
+                if col >= first {
+                    let p = col - first;
+                    ids[r * width + i] = i64::from(state.tokens[p]);
+                    pos[r * width + i] = p as i64;
+                }
+            }
+        }
+        cache.set_len((end - width) as i64);
+        let mask = Tensor::from_slice(&mask).view([b as i64, capacity as i64]).to_device(device);
+        let ids = Tensor::from_slice(&ids).view([b as i64, width as i64]).to_device(device);
+        let pos = Tensor::from_slice(&pos).view([b as i64, width as i64]).to_device(device);
+        let padded = rows.iter().any(|r| r.len != end);
+        let visible = mask.narrow(1, 0, end as i64);
+        let masking = if padded {
+            Masking::Padding(&visible)
+        } else if end > width {
+            Masking::CausalAfterPast
+        } else {
+            Masking::Causal
+        };
+        let logits = tch::no_grad(|| model.forward_last_with(&ids, &pos, masking, Some(&mut cache)));
+        // New positions encoded into caches (every uncached token but each row's last, which
+        // is the first decode step's input), and positions recomputed only to align the rows.
+        let encoded = rows.iter().map(|r| (r.len - r.cached - 1) as u64).sum::<u64>();
+        let recomputed = rows.iter().map(|r| (r.len.min(width) - (r.len - r.cached)) as u64).sum::<u64>();
+        Ok(Batch {
+            cache,
+            mask,
+            order: (0..b).collect(),
+            lens: rows.iter().map(|r| r.len).collect(),
+            end,
+            fed: 0,
+            padded,
+            logits,
+            encoded,
+            recomputed,
+        })
+    }
+
+    /// One decode step: feed each batch row's last token.
+    fn decode(&mut self, model: &CausalLm, next: &[i64]) -> Tensor {
+        let device = model.device();
+        let b = next.len() as i64;
+        let col = self.end + self.fed;
+        self.fed += 1;
+        let ids = Tensor::from_slice(next).view([b, 1]).to_device(device);
+        let pos: Vec<i64> = self.lens.iter().map(|l| (l + self.fed - 1) as i64).collect();
+        let pos = Tensor::from_slice(&pos).view([b, 1]).to_device(device);
+        let mask = self.mask.narrow(1, 0, col as i64 + 1);
+        let masking = if self.padded { Masking::Padding(&mask) } else { Masking::CausalAfterPast };
+        tch::no_grad(|| model.forward_last_with(&ids, &pos, masking, Some(&mut self.cache)))
+    }
+
+    /// A finished row's new keys and values become a segment of its sequence's chain: the
+    /// positions from what it had cached up to all but its last token.
+    fn keep(&self, engine: &mut Engine<'_>, row: &Row, slot: usize) -> Result<(), EngineError> {
+        let total = row.len + row.generated.len();
+        let hold = total.saturating_sub(1);
+        if hold <= row.cached {
+            return Ok(());
+        }
+        let first = self.end - row.len;
+        let n = hold - row.cached;
+        let layers = self.cache.read_row(slot as i64, (first + row.cached) as i64, n as i64);
+        let state = engine.seqs.get_mut(&row.seq).ok_or(EngineError::UnknownSequence(row.seq))?;
+        // A chain that ran past `cached` can only be this row's own (it was read at build).
+        let parent = state.kv.take();
+        state.kv = Some(Rc::new(Segment { parent, start: row.cached, len: n, layers }));
+        Ok(())
+    }
+
+    /// Drop finished rows from the batch (one copy of the cache for all of them).
+    fn compact(&mut self, rows: &[Row]) {
+        let keep: Vec<i64> =
+            (0..self.order.len()).filter(|&i| rows[self.order[i]].finish.is_none()).map(|i| i as i64).collect();
+        let idx = Tensor::from_slice(&keep).to_device(self.mask.device());
+        self.cache = self.cache.select_rows(&idx);
+        self.mask = self.mask.index_select(0, &idx);
+        self.order = keep.iter().map(|&i| self.order[i as usize]).collect();
+        self.lens = keep.iter().map(|&i| self.lens[i as usize]).collect();
+    }
+}
+
+/// Draw one token per batch row from `logits` (`[rows, vocab]`): greedy at temperature 0, else
+/// temperature, top-k and top-p, each row with its own uniform. All on the device; one transfer
+/// back: the tokens and their log-probabilities under logits / temperature.
+fn sample_batch(logits: &Tensor, params: &SamplingParams, uniforms: &[f32]) -> Vec<(u32, f32)> {
+    let device = logits.device();
+    let scale = if params.temperature > 0.0 { params.temperature } else { 1.0 };
+    let logp = (logits.to_kind(Kind::Float) / scale).log_softmax(-1, Kind::Float);
+    let vocab = logp.size()[1];
+    let tokens = if params.temperature <= 0.0 {
+        logp.argmax(-1, false)
+    } else {
+        let probs = logp.exp();
+        let (sorted, idx) = candidates(&probs, params, vocab);
+        let mut keep = sorted.shallow_clone();
+        if params.top_p < 1.0 {
+            // The smallest prefix whose mass reaches top_p (at least one token) per row.
+            let before = sorted.cumsum(-1, Kind::Float) - &sorted;
+            keep = sorted.where_self(&before.lt(params.top_p), &sorted.zeros_like());
+        }
+        let cum = keep.cumsum(-1, Kind::Float);
+        let total = cum.narrow(1, cum.size()[1] - 1, 1);
+        let u = Tensor::from_slice(uniforms).to_device(device).view([-1, 1]) * &total;
+        // The first rank whose running mass exceeds u; clamped to the kept ranks.
+        let rank = cum.le_tensor(&u).sum_dim_intlist(-1, true, Kind::Int64);
+        let kept = keep.gt(0.0).sum_dim_intlist(-1, true, Kind::Int64).clamp_min(1);
+        let rank = rank.minimum(&(kept - 1));
+        idx.gather(-1, &rank, false).squeeze_dim(-1)
+    };
+    let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
+    let both = Tensor::stack(&[tokens.to_kind(Kind::Double), lp.to_kind(Kind::Double)], 1).to_device(Device::Cpu);
+    let flat: Vec<f64> = Vec::try_from(both.view([-1])).unwrap_or_default();
+    flat.chunks(2).map(|p| (p[0] as u32, p[1] as f32)).collect()
+}
+
+/// The candidate tokens of each row in descending probability: the top-k when set; else, on the
+/// CPU, the top 1024 when they hold the nucleus of every row (a partial sort), a full sort
+/// otherwise; on an accelerator always a full sort (it is cheap there, and needs no decision on
+/// the host).
+fn candidates(probs: &Tensor, params: &SamplingParams, vocab: i64) -> (Tensor, Tensor) {
+    if params.top_k > 0 && (params.top_k as i64) < vocab {
+        return probs.topk(params.top_k as i64, -1, true, true);
+    }
+    if params.top_p >= 1.0 {
+        // The whole distribution: any order samples it; the vocabulary's saves a sort.
+        let order = Tensor::arange(vocab, (Kind::Int64, probs.device())).unsqueeze(0).expand_as(probs);
+        return (probs.shallow_clone(), order);
+    }
+    const PARTIAL: i64 = 1024;
+    if probs.device() == Device::Cpu && params.top_p < 1.0 && PARTIAL < vocab {
+        let (v, i) = probs.topk(PARTIAL, -1, true, true);
+        let enough = v.sum_dim_intlist(-1, false, Kind::Float).ge(params.top_p).all().int64_value(&[]) == 1;
+        if enough {
+            return (v, i);
+        }
+    }
+    probs.sort(-1, true)
+}
