@@ -1,14 +1,24 @@
-//! `trainer bench`: throughput of one model on this machine: generation at batch 1 and 8 with the
-//! KV cache, prefill, a training forward + backward, and multi-turn generation with KV-prefix
-//! reuse against re-encoding the whole context at every turn (the reference's way, no prefix
-//! cache). With an env-server, also a real tree and chain rollout at equal budget
-//! ([`budget_rows`], spec §2.6).
+//! `trainer bench`: throughput of one model on this machine, every figure next to a baseline
+//! measured in the same run:
+//! - generation at several batch sizes, this engine against the engine before it
+//!   (`generate::legacy`), greedy, with a check that both decode the same tokens;
+//! - prefill and a training forward + backward;
+//! - multi-turn generation with KV-prefix reuse against re-encoding the whole context at every
+//!   turn (the reference's way: no prefix cache);
+//! - with `--train-memory`, the peak memory of one training micro-batch, chunked logits against
+//!   the full-logits path;
+//! - with an env-server, a real tree and chain rollout on the same prompts ([`budget_rows`]).
+//!
+//! Timings are trustworthy on an accelerator too: every timed region ends with a device
+//! synchronisation, runs once at the measured shape before it is timed, and is the median of
+//! `repeats` runs; paired arms alternate which goes first.
 
 use std::time::Instant;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::env::EnvClient;
+use crate::generate::legacy::LegacyEngine;
 use crate::generate::{Engine, SamplingParams};
 use crate::logprobs::ScoreOptions;
 use crate::logprobs::score_sequences;
@@ -38,12 +48,14 @@ pub struct BenchReport {
 }
 
 /// Sizes of the measurements (`trainer bench --help`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BenchOptions {
     /// Prompt tokens of the generation measurements.
     pub prompt_len: usize,
     /// Tokens sampled per sequence in the generation measurements.
     pub new_tokens: usize,
+    /// Batch sizes of the generation measurements.
+    pub gen_batches: Vec<usize>,
     /// Prompts x tokens of the prefill measurement.
     pub prefill_batch: usize,
     pub prefill_len: usize,
@@ -56,6 +68,8 @@ pub struct BenchOptions {
     pub turns: usize,
     pub turn_tokens: usize,
     pub obs_tokens: usize,
+    /// Timed runs per figure (the median is reported).
+    pub repeats: usize,
 }
 
 impl Default for BenchOptions {
@@ -63,6 +77,7 @@ impl Default for BenchOptions {
         Self {
             prompt_len: 32,
             new_tokens: 64,
+            gen_batches: vec![1, 8, 64],
             prefill_batch: 8,
             prefill_len: 256,
             train_batch: 4,
@@ -71,8 +86,54 @@ impl Default for BenchOptions {
             turns: 4,
             turn_tokens: 32,
             obs_tokens: 200,
+            repeats: 3,
         }
     }
+}
+
+/// Wait for the device to finish what was queued (a no-op on the CPU).
+pub fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// Seconds of one synchronised run of `f`.
+fn seconds(device: Device, f: &mut dyn FnMut()) -> f64 {
+    sync(device);
+    let t = Instant::now();
+    f();
+    sync(device);
+    t.elapsed().as_secs_f64()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Median seconds of `a` and of `b` over `repeats` runs each, after one untimed run of each at
+/// the same shape; the two alternate which runs first.
+fn paired(device: Device, repeats: usize, a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> (f64, f64) {
+    a();
+    b();
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for rep in 0..repeats.max(1) {
+        if rep % 2 == 0 {
+            ta.push(seconds(device, a));
+            tb.push(seconds(device, b));
+        } else {
+            tb.push(seconds(device, b));
+            ta.push(seconds(device, a));
+        }
+    }
+    (median(ta), median(tb))
+}
+
+/// Median seconds of `f` over `repeats` runs after one untimed run.
+fn single(device: Device, repeats: usize, f: &mut dyn FnMut()) -> f64 {
+    f();
+    median((0..repeats.max(1)).map(|_| seconds(device, f)).collect())
 }
 
 /// Random token ids in `[1, vocab)`, deterministic.
@@ -99,9 +160,8 @@ fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
     let ids = tokens(vocab, (b * len) as usize, seed).iter().map(|t| i64::from(*t)).collect::<Vec<_>>();
     let ids = Tensor::from_slice(&ids).view([b, len]).to_device(device);
     let pos = Tensor::arange(len, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]);
-    let mask = Tensor::ones([b, len], (Kind::Int64, device));
     tch::no_grad(|| {
-        let _ = model.hidden(&ids, &pos, &mask, None);
+        let _ = model.hidden_with(&ids, &pos, crate::model::Masking::Causal, None);
     });
 }
 
@@ -114,56 +174,82 @@ fn forward_backward(model: &CausalLm, vocab: i64, b: usize, len: usize, seed: u6
     (-loss).backward();
 }
 
+/// Generation at batch `b`, this engine against the legacy one: tokens/s of each (median) and
+/// whether their greedy tokens agree.
+fn generation(model: &CausalLm, tok: &Tokenizer, vocab: i64, b: usize, opts: &BenchOptions) -> (f64, f64, bool) {
+    let prompts: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, opts.prompt_len, i as u64)).collect();
+    let params = greedy(opts.new_tokens);
+    let (mut out_new, mut out_old) = (Vec::new(), Vec::new());
+    let (mut n_new, mut n_old) = (0u64, 0u64);
+    let mut run_new = || {
+        let mut engine = Engine::new(model);
+        let seqs: Vec<_> = prompts.iter().map(|p| engine.add(p.clone(), 1).unwrap_or(0)).collect();
+        out_new =
+            engine.generate(&seqs, &params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default();
+        n_new = engine.stats.generated_tokens;
+    };
+    let mut run_old = || {
+        let mut engine = LegacyEngine::new(model);
+        let seqs: Vec<_> = prompts.iter().map(|p| engine.add(p.clone(), 1).unwrap_or(0)).collect();
+        out_old =
+            engine.generate(&seqs, &params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default();
+        n_old = engine.stats.generated_tokens;
+    };
+    let (t_new, t_old) = paired(model.device(), opts.repeats, &mut run_new, &mut run_old);
+    let same = !out_new.is_empty() && out_new == out_old;
+    (n_new as f64 / t_new.max(1e-12), n_old as f64 / t_old.max(1e-12), same)
+}
+
 pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchReport {
     let vocab = model.config.vocab_size.min(tok.vocab_size() as i64);
+    let device = model.device();
     let mut rows = Vec::new();
-    // Generation: a `prompt_len` prompt, `new_tokens` greedy tokens, no stop string.
-    let no_stop = greedy(opts.new_tokens);
-    for batch in [1usize, 8] {
-        let mut engine = Engine::new(model);
-        let seqs: Vec<_> =
-            (0..batch).map(|i| engine.add(tokens(vocab, opts.prompt_len, i as u64), i as u64).unwrap_or(0)).collect();
-        // Prefill outside the timed part: generation speed alone.
-        let _ = engine.generate(&seqs, &greedy(1), tok);
-        let before = engine.stats.generated_tokens;
-        let t = Instant::now();
-        let _ = engine.generate(&seqs, &no_stop, tok);
-        let n = engine.stats.generated_tokens - before;
+    let note = format!("median of {} synchronised runs after a warm-up at the same shape", opts.repeats.max(1));
+    for &b in &opts.gen_batches {
+        let (new, old, same) = generation(model, tok, vocab, b, opts);
+        let setting = format!("{} prompt + {} new tokens per sequence, greedy", opts.prompt_len, opts.new_tokens);
         rows.push(BenchRow::new(
-            format!("generation, batch {batch}"),
-            format!("{:.1}", n as f64 / t.elapsed().as_secs_f64()),
+            format!("generation, batch {b}"),
+            format!("{new:.1}"),
             "tokens/s",
-            format!("{} prompt + {} new tokens per sequence, KV cache", opts.prompt_len, opts.new_tokens),
+            format!("{setting}; {note}"),
+        ));
+        rows.push(BenchRow::new(
+            format!("generation, batch {b}, engine before (baseline)"),
+            format!("{old:.1}"),
+            "tokens/s",
+            "generate::legacy, same prompts, same run",
+        ));
+        rows.push(BenchRow::new(
+            format!("  generation, batch {b}: engine vs engine before"),
+            format!("{:.2}x", new / old.max(1e-12)),
+            "ratio",
+            format!("greedy outputs identical: {}", if same { "yes" } else { "NO" }),
         ));
     }
-    // Prefill: one forward over a batch of prompts, no grad (after a small warm-up forward).
-    prefill(model, vocab, 1, 16, 98);
     let (b, len) = (opts.prefill_batch as i64, opts.prefill_len as i64);
-    let t = Instant::now();
-    prefill(model, vocab, b, len, 99);
+    let secs = single(device, opts.repeats, &mut || prefill(model, vocab, b, len, 99));
     rows.push(BenchRow::new(
         "prefill",
-        format!("{:.1}", (b * len) as f64 / t.elapsed().as_secs_f64()),
+        format!("{:.1}", (b * len) as f64 / secs),
         "tokens/s",
-        format!("batch {b} x {len}, no grad"),
+        format!("batch {b} x {len}, no grad; {note}"),
     ));
-    // Training: forward + backward (after a small warm-up step: the first backward allocates).
-    forward_backward(model, vocab, 1, 32, 500);
-    let t = Instant::now();
-    forward_backward(model, vocab, opts.train_batch, opts.train_len, 1000);
+    let secs =
+        single(device, opts.repeats, &mut || forward_backward(model, vocab, opts.train_batch, opts.train_len, 1000));
     rows.push(BenchRow::new(
         "training forward+backward",
-        format!("{:.1}", (opts.train_batch * opts.train_len) as f64 / t.elapsed().as_secs_f64()),
+        format!("{:.1}", (opts.train_batch * opts.train_len) as f64 / secs),
         "tokens/s",
-        format!("batch {} x {}", opts.train_batch, opts.train_len),
+        format!("batch {} x {}; {note}", opts.train_batch, opts.train_len),
     ));
     rows.extend(multi_turn(model, tok, vocab, opts));
     BenchReport { rows }
 }
 
 /// What one multi-turn run cost.
+#[derive(Debug, Default, Clone, Copy)]
 struct TurnRun {
-    secs: f64,
     generated: u64,
     prefill: u64,
 }
@@ -177,10 +263,9 @@ fn turns_once(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions
     let obs: Vec<Vec<u32>> = (0..opts.turns).map(|t| tokens(vocab, opts.obs_tokens, 100 + t as u64)).collect();
     let params = greedy(opts.turn_tokens);
     let (mut generated, mut prefill) = (0, 0);
-    let t = Instant::now();
     if reuse {
         let mut engine = Engine::new(model);
-        let Ok(seq) = engine.add(prompt, 1) else { return TurnRun { secs: 0.0, generated, prefill } };
+        let Ok(seq) = engine.add(prompt, 1) else { return TurnRun::default() };
         for (turn, ob) in obs.iter().enumerate() {
             let _ = engine.generate(&[seq], &params, tok);
             if turn + 1 < opts.turns {
@@ -203,7 +288,7 @@ fn turns_once(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions
             }
         }
     }
-    TurnRun { secs: t.elapsed().as_secs_f64(), generated, prefill }
+    TurnRun { generated, prefill }
 }
 
 fn multi_turn(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions) -> Vec<BenchRow> {
@@ -211,44 +296,75 @@ fn multi_turn(model: &CausalLm, tok: &Tokenizer, vocab: i64, opts: &BenchOptions
         "{} turns x {} tokens, {}-token prompt, {}-token observations, batch 1",
         opts.turns, opts.turn_tokens, opts.turn_prompt, opts.obs_tokens
     );
-    let kv = turns_once(model, tok, vocab, opts, true);
-    let re = turns_once(model, tok, vocab, opts, false);
-    let per_s = |r: &TurnRun| r.generated as f64 / r.secs.max(1e-9);
+    let (mut kv, mut re) = (TurnRun::default(), TurnRun::default());
+    let (t_kv, t_re) =
+        paired(model.device(), opts.repeats, &mut || kv = turns_once(model, tok, vocab, opts, true), &mut || {
+            re = turns_once(model, tok, vocab, opts, false)
+        });
+    let per_s = |r: &TurnRun, t: f64| r.generated as f64 / t.max(1e-12);
     vec![
         BenchRow::new(
             "multi-turn generation, KV-prefix reuse",
-            format!("{:.1}", per_s(&kv)),
+            format!("{:.1}", per_s(&kv, t_kv)),
             "tokens/s",
-            format!("{setting}; {:.2} s, {} tokens encoded", kv.secs, kv.prefill),
+            format!("{setting}; {t_kv:.3} s, {} tokens encoded", kv.prefill),
         ),
         BenchRow::new(
             "multi-turn generation, re-encoding each turn (baseline)",
-            format!("{:.1}", per_s(&re)),
+            format!("{:.1}", per_s(&re, t_re)),
             "tokens/s",
-            format!("same turns; {:.2} s, {} tokens encoded", re.secs, re.prefill),
+            format!("same turns; {t_re:.3} s, {} tokens encoded", re.prefill),
         ),
         BenchRow::new(
             "  KV-prefix reuse vs re-encoding",
-            format!("{:.2}x", per_s(&kv) / per_s(&re).max(1e-9)),
+            format!("{:.2}x", per_s(&kv, t_kv) / per_s(&re, t_re).max(1e-12)),
             "ratio",
-            format!("tokens/s; re-encoding encodes {:.2}x the tokens", re.prefill as f64 / kv.prefill.max(1) as f64),
+            format!(
+                "tokens/s, medians of {} alternating runs; re-encoding encodes {:.2}x the tokens",
+                opts.repeats.max(1),
+                re.prefill as f64 / kv.prefill.max(1) as f64
+            ),
         ),
     ]
 }
 
 /// A real rollout of a tree method and of chain GRPO at the same nominal budget on the same
-/// prompts, through an env-server ([`crate::budget::compare`], the rows `trainer budget` prints),
-/// plus the tree rolled out with all prompts batched against one prompt at a time.
+/// prompts, through an env-server ([`crate::budget::compare`], the rows `trainer budget` prints);
+/// their generation speed timed as medians of `repeats` alternating runs (the rollouts are
+/// seeded, so every run does the same work); the tree rolled out with all prompts batched; and
+/// the keys and values its snapshots hold, shallow (1 turn) and deep.
 pub fn budget_rows(
     (model, tok): (&CausalLm, &Tokenizer),
     env: &EnvClient,
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
     (tree, chain): (Method, Method),
+    repeats: usize,
 ) -> Result<Vec<BenchRow>, RolloutError> {
-    let compared = crate::budget::compare((model, tok), env, tasks, agent, &[tree, chain], 0)?;
+    use crate::budget::{BudgetRow, Measure, compare, measure};
+    let compared = compare((model, tok), env, tasks, agent, &[tree, chain], 0)?;
     let (tree_row, chain_row) = (&compared[0], &compared[1]);
-    let batched = crate::budget::measure((model, tok), env, tasks, agent, tree, (0, 0))?;
+    // Timed as training rolls out: every prompt of the batch together.
+    let all = Measure { seed: 0, batch_prompts: 0, replay: false };
+    let (mut tree_secs, mut chain_secs) = (Vec::new(), Vec::new());
+    let (mut tree_all, mut chain_all) = (None, None);
+    for rep in 0..repeats.max(1) {
+        let order = if rep % 2 == 0 { [tree, chain] } else { [chain, tree] };
+        for m in order {
+            let r = measure((model, tok), env, tasks, agent, m, all)?;
+            if m == tree {
+                tree_secs.push(r.rollout_seconds);
+                tree_all = Some(r);
+            } else {
+                chain_secs.push(r.rollout_seconds);
+                chain_all = Some(r);
+            }
+        }
+    }
+    let (tree_t, chain_t) = (median(tree_secs), median(chain_secs));
+    let (Some(batched), Some(chain_batched)) = (tree_all, chain_all) else { return Ok(Vec::new()) };
+    let shallow_agent = AgentConfig { max_turns: 1, ..agent.clone() };
+    let shallow = measure((model, tok), env, tasks, &shallow_agent, tree, Measure { batch_prompts: 1, ..all })?;
     let p = tasks.len().max(1) as f64;
     let setting = format!(
         "real rollout, {} prompts, <= {} turns x {} tokens",
@@ -257,7 +373,7 @@ pub fn budget_rows(
         agent.sampling.max_new_tokens
     );
     let mut rows = Vec::new();
-    for r in [tree_row, chain_row] {
+    for (r, secs) in [(tree_row, tree_row.rollout_seconds), (chain_row, chain_row.rollout_seconds)] {
         let label = r.label();
         rows.push(BenchRow::new(
             format!("{label}: nominal budget (modelled, spec 2.6)"),
@@ -281,7 +397,7 @@ pub fn budget_rows(
             format!("{label}: generated tokens per prompt"),
             format!("{:.0}", r.generated_tokens as f64 / p),
             "tokens",
-            format!("measured; {:.1} s for all prompts", r.rollout_seconds),
+            format!("measured; {secs:.2} s for all prompts, one at a time"),
         ));
         rows.push(BenchRow::new(
             format!("{label}: prefill tokens per prompt, KV reuse / re-encode"),
@@ -294,20 +410,32 @@ pub fn budget_rows(
             ),
         ));
     }
-    let rate = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / r.rollout_seconds.max(1e-9);
+    let rate = |r: &BudgetRow, secs: f64| r.generated_tokens as f64 / secs.max(1e-9);
+    for (r, t) in [(&batched, tree_t), (&chain_batched, chain_t)] {
+        rows.push(BenchRow::new(
+            format!("{}: rollout, all prompts batched", r.label()),
+            format!("{:.1}", rate(r, t)),
+            "tokens/s",
+            format!(
+                "generated; {t:.2} s (median of {} alternating runs), mean batch {:.1} sequences",
+                repeats.max(1),
+                r.mean_batch
+            ),
+        ));
+    }
     rows.push(BenchRow::new(
-        format!("{}: rollout, all prompts batched", tree_row.label()),
-        format!("{:.1}", rate(&batched)),
-        "tokens/s",
-        format!("generated; {:.1} s, mean batch {:.1} sequences", batched.rollout_seconds, batched.mean_batch),
+        format!("  {} vs {}: generated tokens/s, batched", tree_row.label(), chain_row.label()),
+        format!("{:.2}x", rate(&batched, tree_t) / rate(&chain_batched, chain_t).max(1e-9)),
+        "ratio",
+        "same prompts, all rolled out together as training does",
     ));
     rows.push(BenchRow::new(
         format!("  {}: batched vs one prompt at a time", tree_row.label()),
-        format!("{:.2}x", rate(&batched) / rate(tree_row).max(1e-9)),
+        format!("{:.2}x", rate(&batched, tree_t) / rate(tree_row, tree_row.rollout_seconds).max(1e-9)),
         "ratio",
-        format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(tree_row)),
+        format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(tree_row, tree_row.rollout_seconds)),
     ));
-    let per_traj = |r: &crate::budget::BudgetRow| r.generated_tokens as f64 / (r.trajectories_per_prompt * p).max(1e-9);
+    let per_traj = |r: &BudgetRow| r.generated_tokens as f64 / (r.trajectories_per_prompt * p).max(1e-9);
     rows.push(BenchRow::new(
         format!("  {} vs {}: generated tokens per trajectory", tree_row.label(), chain_row.label()),
         format!("{:.2}x", per_traj(tree_row) / per_traj(chain_row).max(1e-9)),
@@ -319,6 +447,19 @@ pub fn budget_rows(
             tree_row.tool_calls as f64 / chain_row.tool_calls.max(1) as f64
         ),
     ));
+    for (name, r) in [("1 turn", &shallow), (&*format!("{} turns", agent.max_turns), tree_row)] {
+        let kib = |b: u64| b as f64 / 1024.0;
+        rows.push(BenchRow::new(
+            format!("{}: KV held by roots and snapshots, {name}", r.label()),
+            format!("{:.0} / {:.0}", kib(r.kv_bytes_held), kib(r.kv_bytes_copies)),
+            "KiB",
+            format!(
+                "measured, shared prefixes / computed, one copy of the prefix per snapshot: {:.1}x; {} tokens encoded + generated",
+                r.kv_bytes_copies as f64 / r.kv_bytes_held.max(1) as f64,
+                r.prefill_tokens + r.generated_tokens
+            ),
+        ));
+    }
     Ok(rows)
 }
 
@@ -395,7 +536,7 @@ pub fn train_memory(batch: usize, len: usize) -> Option<Vec<BenchRow>> {
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true}"#;
     let config = ModelConfig::from_json(config).ok()?;
     tch::manual_seed(0);
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let vs = tch::nn::VarStore::new(Device::Cpu);
     let model = CausalLm::new(&vs.root(), config);
     let vocab = model.config.vocab_size;
     let rows: Vec<crate::rows::TrainingRow> = (0..batch)

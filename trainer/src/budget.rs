@@ -32,11 +32,17 @@ pub struct BudgetRow {
     pub prefill_tokens: u64,
     /// Tokens encoded by re-encoding each generation's whole context from scratch.
     pub reencode_tokens: u64,
-    /// Wall time of the rollout, and of the re-encoding replay.
+    /// Wall time of the rollout, and of the re-encoding replay (device-synchronised).
     pub rollout_seconds: f64,
     pub reencode_seconds: f64,
     /// Sequences the engine decoded per generate call, on average.
     pub mean_batch: f64,
+    /// Measured: bytes of keys and values the engine held for the trees' roots and snapshots
+    /// once a batch was rolled out (the largest batch's), shared prefixes counted once.
+    pub kv_bytes_held: u64,
+    /// Computed from the same trees: what one contiguous copy of its whole prefix per held
+    /// sequence takes (how the engine before kept snapshots).
+    pub kv_bytes_copies: u64,
 }
 
 impl BudgetRow {
@@ -71,16 +77,53 @@ fn reencode(engine: &mut Engine<'_>, r: &PromptRollout) -> Result<u64, RolloutEr
     Ok(total)
 }
 
-/// Roll out `method` on every task, `batch_prompts` at a time ([`Rollout::run_many`]; 1: one
-/// prompt at a time, 0: all together), then replay the re-encoding baseline.
+/// How [`measure`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Measure {
+    pub seed: u64,
+    /// Prompts rolled out together ([`Rollout::run_many`]; 1: one at a time, 0: all).
+    pub batch_prompts: usize,
+    /// Replay the re-encoding baseline too.
+    pub replay: bool,
+}
+
+/// Bytes one position's keys and values take in `model`.
+fn kv_bytes_per_token(model: &CausalLm) -> u64 {
+    let c = &model.config;
+    let elt = if model.device().is_cuda() { 2 } else { 4 };
+    (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * elt) as u64
+}
+
+/// Positions a held sequence (a root, or a node's snapshot) caches: its whole context but the
+/// last token, observation excluded (it is encoded at the next generation).
+fn held_positions(r: &PromptRollout) -> u64 {
+    let prompt = r.prompt_tokens.len() as u64;
+    let mut total = 0;
+    for tree in &r.trees {
+        total += prompt.saturating_sub(1);
+        for id in 1..tree.len() {
+            let Some(step) = tree.node(id).and_then(|n| n.step.as_ref()) else { continue };
+            if step.snapshot.is_some() {
+                let path: u64 = tree.path(id).iter().map(|s| (s.response.len() + s.observation.len()) as u64).sum();
+                total += (prompt + path).saturating_sub(step.observation.len() as u64 + 1);
+            }
+        }
+    }
+    total
+}
+
+/// Roll out `method` on every task, `how.batch_prompts` at a time, then (with `how.replay`)
+/// replay the re-encoding baseline.
 pub fn measure(
     (model, tok): (&CausalLm, &Tokenizer),
     env: &EnvClient,
     tasks: &[grove_protocol::TaskSpec],
     agent: &AgentConfig,
     method: Method,
-    (seed, batch_prompts): (u64, usize),
+    how: Measure,
 ) -> Result<BudgetRow, RolloutError> {
+    let (seed, batch_prompts) = (how.seed, how.batch_prompts);
+    let device = model.device();
     let shape = method.shape();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut engine = Engine::new(model);
@@ -97,23 +140,34 @@ pub fn measure(
         rollout_seconds: 0.0,
         reencode_seconds: 0.0,
         mean_batch: 0.0,
+        kv_bytes_held: 0,
+        kv_bytes_copies: 0,
     };
     let mut leaves = 0usize;
     let batch = if batch_prompts == 0 { tasks.len() } else { batch_prompts };
     for batch in tasks.chunks(batch.max(1)) {
+        crate::bench::sync(device);
         let t = Instant::now();
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let rollouts = r.run_many(batch, shape, &mut rng)?;
+        crate::bench::sync(device);
         row.rollout_seconds += t.elapsed().as_secs_f64();
         let cost = r.cost;
+        row.kv_bytes_held = row.kv_bytes_held.max(engine.kv_bytes());
+        let copies: u64 = rollouts.iter().map(held_positions).sum::<u64>() * kv_bytes_per_token(model);
+        row.kv_bytes_copies = row.kv_bytes_copies.max(copies);
         row.tool_calls += cost.tool_calls;
         row.generated_tokens += cost.generated_tokens;
         row.prefill_tokens += cost.prefill_tokens;
         let mut opened = Vec::new();
         for rollout in rollouts {
-            let t = Instant::now();
-            row.reencode_tokens += reencode(&mut replay, &rollout)?;
-            row.reencode_seconds += t.elapsed().as_secs_f64();
+            if how.replay {
+                crate::bench::sync(device);
+                let t = Instant::now();
+                row.reencode_tokens += reencode(&mut replay, &rollout)?;
+                crate::bench::sync(device);
+                row.reencode_seconds += t.elapsed().as_secs_f64();
+            }
             leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
             rollout.release(&mut engine);
             opened.extend_from_slice(&rollout.episodes);
@@ -134,7 +188,8 @@ pub fn compare(
     methods: &[Method],
     seed: u64,
 ) -> Result<Vec<BudgetRow>, RolloutError> {
-    methods.iter().map(|m| measure((model, tok), env, tasks, agent, *m, (seed, 1))).collect()
+    let how = Measure { seed, batch_prompts: 1, replay: true };
+    methods.iter().map(|m| measure((model, tok), env, tasks, agent, *m, how)).collect()
 }
 
 pub fn format_rows(rows: &[BudgetRow]) -> String {

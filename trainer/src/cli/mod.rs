@@ -631,9 +631,15 @@ impl BudgetArgs {
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens sampled per sequence in the batch 1 / batch 8 generation figures.
+    /// Tokens sampled per sequence in the generation figures.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
+    /// Batch sizes of the generation figures (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    gen_batches: Vec<usize>,
+    /// Timed runs per figure; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
     /// Sequences and tokens of the training forward + backward.
     #[arg(long, default_value_t = 4)]
     train_batch: usize,
@@ -666,6 +672,8 @@ impl BenchArgs {
         let l = self.model.load()?;
         let opts = BenchOptions {
             new_tokens: self.new_tokens,
+            gen_batches: self.gen_batches.clone(),
+            repeats: self.repeats,
             train_batch: self.train_batch,
             train_len: self.train_len,
             turns: self.turns,
@@ -698,7 +706,14 @@ impl BenchArgs {
             Some((client, tasks, agent)) => {
                 let policy = self.policy.as_deref().map(|p| load(p, self.model.device)).transpose()?;
                 let (plm, ptok) = policy.as_ref().map_or((&l.lm, &l.tok), |p| (&p.lm, &p.tok));
-                let budget = grove_trainer::bench::budget_rows((plm, ptok), &client, &tasks, &agent, (tree, chain))?;
+                let budget = grove_trainer::bench::budget_rows(
+                    (plm, ptok),
+                    &client,
+                    &tasks,
+                    &agent,
+                    (tree, chain),
+                    self.repeats,
+                )?;
                 let name = self.policy.as_deref().unwrap_or(&self.model.model);
                 rows.push(BenchRow::new(
                     "rollout policy",
