@@ -1,4 +1,6 @@
-//! Where tensors live and in which precision: f32 on CPU, bf16 on CUDA (DESIGN.md).
+//! Where tensors live and in which precision: by default f32 on CPU and bf16 on CUDA
+//! (DESIGN.md); `--precision f32|bf16` forces one (f32 on CUDA checks parity with the CPU at
+//! equal precision).
 
 use tch::{Device, Kind};
 
@@ -67,8 +69,34 @@ impl<'de> serde::Deserialize<'de> for DeviceRequest {
     }
 }
 
-/// Resolve a request against the devices libtorch actually sees.
+/// The parameters' precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 on the CPU, bf16 on CUDA.
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+}
+
+/// Resolve a request against the devices libtorch actually sees, in the default precision.
 pub fn place(request: DeviceRequest) -> Result<Placement, DeviceError> {
+    place_with(request, Precision::Auto)
+}
+
+/// Resolve a request and a precision.
+pub fn place_with(request: DeviceRequest, precision: Precision) -> Result<Placement, DeviceError> {
+    let mut p = place_auto(request)?;
+    p.kind = match precision {
+        Precision::Auto => p.kind,
+        Precision::F32 => Kind::Float,
+        Precision::Bf16 => Kind::BFloat16,
+    };
+    Ok(p)
+}
+
+fn place_auto(request: DeviceRequest) -> Result<Placement, DeviceError> {
     let cuda_count = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
     let device = match request {
         DeviceRequest::Cpu => Device::Cpu,

@@ -132,7 +132,7 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
 }
 
 fn evaluate_start(train: &TrainConfig) -> Result<EvalPoint> {
-    let placement = crate::device::place(train.device)?;
+    let placement = crate::device::place_with(train.device, train.precision)?;
     let (_vs, model) = load_model(&train.model, placement.device, placement.kind)?;
     let tok = Tokenizer::from_dir(train.tokenizer.as_deref().unwrap_or(&train.model))?;
     if train.eval_data.is_none() {

@@ -39,6 +39,10 @@ pub struct AdamW {
     /// f32 master copies of parameters stored in lower precision (bf16 on CUDA): updates too small
     /// for bf16 accumulate here instead of being rounded away.
     master: Vec<Option<Tensor>>,
+    /// f32 gradient accumulators of those same parameters: [`AdamW::accumulate`] moves each
+    /// micro-batch's low-precision gradient in here, so a mini-batch's sum is not rounded to
+    /// bf16 at every micro-batch.
+    grad_acc: Vec<Option<Tensor>>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     /// Optimiser steps taken (for bias correction).
@@ -60,28 +64,63 @@ impl AdamW {
         let exp_avg_sq = params.iter().map(|(_, p)| zeros(p)).collect();
         let master =
             params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| p.detach().to_kind(Kind::Float))).collect();
-        Self { config, params, master, exp_avg, exp_avg_sq, step: 0 }
+        let grad_acc = params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| zeros(p))).collect();
+        Self { config, params, master, grad_acc, exp_avg, exp_avg_sq, step: 0 }
     }
 
     pub fn zero_grad(&mut self) {
-        for (_, p) in &mut self.params {
+        for (i, (_, p)) in self.params.iter_mut().enumerate() {
             let mut g = p.grad();
             if g.defined() {
                 let _ = g.zero_();
             }
+            if let Some(acc) = &mut self.grad_acc[i] {
+                let _ = acc.zero_();
+            }
         }
     }
 
-    /// Global L2 norm of the current gradients.
+    /// Move the gradients of low-precision parameters into their f32 accumulators (call after
+    /// each micro-batch's backward); f32 parameters accumulate in place already.
+    pub fn accumulate(&mut self) {
+        tch::no_grad(|| {
+            for (i, (_, p)) in self.params.iter_mut().enumerate() {
+                let (Some(acc), mut g) = (&mut self.grad_acc[i], p.grad()) else { continue };
+                if g.defined() {
+                    let _ = acc.g_add_(&g.to_kind(Kind::Float));
+                    let _ = g.zero_();
+                }
+            }
+        });
+    }
+
+    /// The f32 gradient of parameter `i` the next step uses, if it has one.
+    fn gradient(&self, i: usize) -> Option<Tensor> {
+        let g = self.params[i].1.grad();
+        match &self.grad_acc[i] {
+            // What was accumulated, plus anything backpropagated since the last `accumulate`.
+            Some(acc) if g.defined() => Some(acc + g.to_kind(Kind::Float)),
+            Some(acc) => Some(acc.shallow_clone()),
+            None => g.defined().then(|| g.to_kind(Kind::Float)),
+        }
+    }
+
+    /// The f32 gradient the next step would use for the parameter `name`.
+    pub fn gradient_of(&self, name: &str) -> Option<Tensor> {
+        let i = self.params.iter().position(|(n, _)| n == name)?;
+        self.gradient(i)
+    }
+
+    /// Global L2 norm of the current gradients, with one transfer from the device.
     pub fn grad_norm(&self) -> f64 {
-        let sq: f64 = self
-            .params
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(Tensor::defined)
-            .map(|g| g.to_kind(Kind::Float).pow_tensor_scalar(2).sum(Kind::Float).double_value(&[]))
-            .sum();
-        sq.sqrt()
+        let squares: Vec<Tensor> = (0..self.params.len())
+            .filter_map(|i| self.gradient(i))
+            .map(|g| g.pow_tensor_scalar(2).sum(Kind::Float))
+            .collect();
+        if squares.is_empty() {
+            return 0.0;
+        }
+        Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[])
     }
 
     /// Clip, then one AdamW update with learning rate `lr`.
@@ -100,12 +139,10 @@ impl AdamW {
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
         tch::no_grad(|| {
-            for (i, (_, p)) in self.params.iter_mut().enumerate() {
-                let g = p.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let g = g.to_kind(Kind::Float) * scale;
+            for i in 0..self.params.len() {
+                let Some(g) = self.gradient(i) else { continue };
+                let g = g * scale;
+                let p = &mut self.params[i].1;
                 let m = &mut self.exp_avg[i];
                 let v = &mut self.exp_avg_sq[i];
                 let _ = m.g_mul_scalar_(c.beta1).g_add_(&(&g * (1.0 - c.beta1)));

@@ -136,3 +136,41 @@ fn bf16_parameters_keep_an_f32_master_copy() {
     assert_eq!(opt2.master_copy("fc.weight").unwrap(), &master);
     assert_eq!(opt2.step, 1);
 }
+
+/// bf16 weights accumulate their gradients in f32 across micro-batches: a small second
+/// micro-batch's gradient survives next to a large first one (bf16 alone would round
+/// 1 + 0.001 back to 1), and the step and the gradient norm use the f32 sum.
+#[test]
+fn bf16_gradients_accumulate_in_f32() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().ones("w", &[1]);
+    let mut vs = vs;
+    vs.bfloat16();
+    let _ = w;
+    let w = vs.variables()["w"].shallow_clone();
+    assert_eq!(w.kind(), Kind::BFloat16);
+    let mut opt = AdamW::new(&vs, AdamWConfig { max_grad_norm: None, ..Default::default() });
+    opt.zero_grad();
+    for scale in [1.0, 0.001] {
+        (&w * scale).sum(Kind::Float).backward();
+        opt.accumulate();
+    }
+    let g = opt.gradient_of("w").unwrap().double_value(&[0]);
+    assert!((g - 1.001).abs() < 1e-5, "accumulated {g}");
+    assert!((opt.grad_norm() - 1.001).abs() < 1e-5);
+    // Without the f32 accumulator the same two backward passes sum in bf16.
+    let plain_vs = nn::VarStore::new(Device::Cpu);
+    let p = plain_vs.root().ones("p", &[1]);
+    let mut plain_vs = plain_vs;
+    plain_vs.bfloat16();
+    let _ = p;
+    let p = plain_vs.variables()["p"].shallow_clone();
+    for scale in [1.0, 0.001] {
+        (&p * scale).sum(Kind::Float).backward();
+    }
+    assert_eq!(p.grad().to_kind(Kind::Float).double_value(&[0]), 1.0, "bf16 rounds the sum");
+    // A step clears nothing by itself; zero_grad clears the accumulator too.
+    opt.step(0.1);
+    opt.zero_grad();
+    assert_eq!(opt.gradient_of("w").unwrap().double_value(&[0]), 0.0);
+}

@@ -197,6 +197,7 @@ pub fn ppo_update(
             let adv = tiled(chunk, &|i| advs[mini + s + i], device);
             let w = tiled(chunk, &|i| weights[s + i], device);
             micro_backward(policy, chunk, (&o, &r, &adv, &w), cfg, &mut sums);
+            opt.accumulate();
             stats.tokens += tokens[s..e].iter().sum::<usize>() as u64;
         }
         let step = opt.step(lr);

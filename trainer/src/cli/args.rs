@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use grove_trainer::data::{EvalSelection, load_tasks_where, select};
-use grove_trainer::device::{DeviceRequest, Placement, place};
+use grove_trainer::device::{DeviceRequest, Placement, Precision, place_with};
 use grove_trainer::generate::SamplingParams;
 use grove_trainer::model::{CausalLm, load_model};
 use grove_trainer::rollout::agent::AgentConfig;
@@ -22,6 +22,9 @@ pub struct ModelArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: DeviceRequest,
+    /// Parameter precision: auto (f32 on the CPU, bf16 on CUDA), f32 or bf16.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub precision: Precision,
 }
 
 /// A model folder loaded for a command: weights on the requested device, and its tokenizer.
@@ -33,8 +36,8 @@ pub struct Loaded {
 }
 
 /// Load a model folder and its tokenizer.
-pub fn load(model: &Path, device: DeviceRequest) -> Result<Loaded> {
-    let placement = place(device)?;
+pub fn load(model: &Path, device: DeviceRequest, precision: Precision) -> Result<Loaded> {
+    let placement = place_with(device, precision)?;
     let (vs, lm) =
         load_model(model, placement.device, placement.kind).with_context(|| format!("load {}", model.display()))?;
     let tok = Tokenizer::from_dir(model).with_context(|| format!("tokenizer of {}", model.display()))?;
@@ -43,7 +46,7 @@ pub fn load(model: &Path, device: DeviceRequest) -> Result<Loaded> {
 
 impl ModelArgs {
     pub fn load(&self) -> Result<Loaded> {
-        load(&self.model, self.device)
+        load(&self.model, self.device, self.precision)
     }
 }
 

@@ -293,6 +293,9 @@ struct EvalArgs {
     model: Option<PathBuf>,
     #[arg(long, default_value = "auto")]
     device: grove_trainer::device::DeviceRequest,
+    /// Parameter precision of a native model: auto, f32 or bf16.
+    #[arg(long, value_enum, default_value = "auto")]
+    precision: grove_trainer::device::Precision,
     /// The OpenAI-compatible server, with or without `/v1` (API key: `OPENAI_API_KEY`).
     #[arg(long, default_value = "http://127.0.0.1:8001")]
     base_url: String,
@@ -343,7 +346,7 @@ impl EvalArgs {
         let agent = self.agent.agent(sampling)?;
         let report = if self.policy == EvalPolicy::Native {
             let model = self.model.as_ref().context("--policy native needs --model (a Hugging Face model folder)")?;
-            let l = load(model, self.device)?;
+            let l = load(model, self.device, self.precision)?;
             let client = EnvClient::connect(&self.env.env, Default::default())?;
             evaluate(&l.lm, &l.tok, std::slice::from_ref(&client), &tasks, &agent, EVAL_BATCH, 0)?
         } else {
@@ -704,7 +707,8 @@ impl BenchArgs {
         let chain = methods.iter().copied().find(|m| matches!(m, Method::Chain(_))).unwrap_or(Method::chain(4));
         match self.rollout.resolve()? {
             Some((client, tasks, agent)) => {
-                let policy = self.policy.as_deref().map(|p| load(p, self.model.device)).transpose()?;
+                let policy =
+                    self.policy.as_deref().map(|p| load(p, self.model.device, self.model.precision)).transpose()?;
                 let (plm, ptok) = policy.as_ref().map_or((&l.lm, &l.tok), |p| (&p.lm, &p.tok));
                 let budget = grove_trainer::bench::budget_rows(
                     (plm, ptok),

@@ -135,6 +135,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
     pub device: DeviceRequest,
+    /// `auto` (f32 on the CPU, bf16 on CUDA), `f32` or `bf16`.
+    pub precision: crate::device::Precision,
     /// A file holding the agent prompt template (`{question}` placeholder); default: the
     /// env-server's.
     pub prompt_template: Option<PathBuf>,
@@ -186,6 +188,7 @@ impl Default for TrainConfig {
             save_rollouts: false,
             seed: 0,
             device: DeviceRequest::Auto,
+            precision: crate::device::Precision::Auto,
             prompt_template: None,
             topk: None,
         }
@@ -356,6 +359,9 @@ mod tests {
         assert!(e.contains("unknown variant `trees`"), "{e}");
         let e = parse("loss_agg = \"mean\"\n").unwrap_err();
         assert!(e.contains("token-mean"), "{e}");
+        let e = parse("precision = \"fp16\"\n").unwrap_err();
+        assert!(e.contains("`auto`, `f32`, `bf16`"), "{e}");
+        assert_eq!(parse("precision = \"bf16\"\n").unwrap().precision, crate::device::Precision::Bf16);
         let e = parse("device = \"gpu\"\n").unwrap_err();
         assert!(e.contains("expected auto, cpu, cuda or cuda:N"), "{e}");
         let chain_tree = parse("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n").unwrap();

@@ -21,7 +21,6 @@ pub use config::{ConfigError, EnvUrls, TrainConfig};
 pub use step::{StepConfig, StepError, StepMetrics, StepResult, prompts_for_step, train_step};
 
 use crate::data::{load_tasks, select};
-use crate::device::place;
 use crate::env::{EnvClient, connect_all};
 use crate::eval::{EvalPoint, EvalSelection, eval_point, format_eval_point};
 use crate::model::load_model;
@@ -102,7 +101,7 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let mut step_cfg = cfg.step_config()?;
     step_cfg.agent.prompt_template = cfg.prompt_template_text()?;
     let run_dir = RunDir::new(&cfg.out_dir);
-    let placement = place(cfg.device)?;
+    let placement = crate::device::place_with(cfg.device, cfg.precision)?;
     let (vs, policy) = load_model(&cfg.model, placement.device, placement.kind)
         .with_context(|| format!("load {}", cfg.model.display()))?;
     let (mut ref_vs, reference) = load_model(&cfg.model, placement.device, placement.kind)?;
