@@ -22,6 +22,7 @@ pub mod method;
 pub mod model;
 pub mod openai;
 pub mod optim;
+pub mod parity;
 pub mod plots;
 pub mod rollout;
 pub mod rows;

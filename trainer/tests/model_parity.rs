@@ -241,3 +241,38 @@ fn bf16_weights_stay_close_to_f32() {
     let err = max_abs_where(&got, want, &mask.unsqueeze(-1).expand_as(want));
     assert!(err < 0.1 * scale, "bf16 error {err} at scale {scale}");
 }
+
+/// `trainer parity`, what `cargo xtask gpu-check` runs on CUDA: it passes on the golden folders
+/// at f32 and at bf16's tolerance, and fails when the reference logits disagree.
+#[test]
+fn the_parity_command_passes_and_fails() {
+    let bin = env!("CARGO_BIN_EXE_trainer");
+    for model in ["qwen2-tiny", "llama3-tiny"] {
+        for precision in ["f32", "bf16"] {
+            let out = std::process::Command::new(bin)
+                .args(["parity", "--json", "--device", "cpu", "--precision", precision, "--model"])
+                .arg(golden(model))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{model} {precision}: {}", String::from_utf8_lossy(&out.stderr));
+            let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(r["ok"], true, "{r}");
+        }
+    }
+    let dir = checkpoint("qwen2-tiny", "config.json");
+    let mut c: Vec<(String, Tensor)> =
+        Tensor::read_safetensors(golden("qwen2-tiny").join("cases.safetensors")).unwrap().into_iter().collect();
+    for (name, t) in &mut c {
+        if name == "batch.logits" {
+            *t = &*t + 0.5;
+        }
+    }
+    Tensor::write_safetensors(&c, dir.path().join("cases.safetensors")).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["parity", "--device", "cpu", "--model"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED"));
+}

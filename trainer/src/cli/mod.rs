@@ -58,6 +58,9 @@ enum Command {
     /// Rollout budget accounting: rollout methods on the same prompts, with what each cost
     /// (measured), next to their nominal budget (modelled).
     Budget(BudgetArgs),
+    /// Compare a golden folder (an HF checkpoint with `cases.safetensors`, transformers' outputs)
+    /// run here on a device and precision against transformers' logits and greedy ids.
+    Parity(ParityArgs),
     /// Throughput of a model on this machine: generation, prefill, training, multi-turn
     /// generation with KV-prefix reuse against re-encoding; with --env and --data, also the
     /// budget rows of `trainer budget`.
@@ -78,6 +81,7 @@ impl Cli {
             Command::InitSmall(a) => a.run(),
             Command::Budget(a) => a.run(),
             Command::Bench(a) => a.run(),
+            Command::Parity(a) => a.run(),
         }
     }
 }
@@ -743,6 +747,40 @@ impl BenchArgs {
             for r in rows {
                 println!("{:<58} {:>14} {:<9} {}", r.figure, r.value, r.unit, r.note);
             }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+struct ParityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print the report as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ParityArgs {
+    fn run(self) -> Result<()> {
+        let placement = grove_trainer::device::place_with(self.model.device, self.model.precision)?;
+        let r = grove_trainer::parity::check(&self.model.model, placement)?;
+        if self.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!(
+                "{} {}: logits max |err| {:.3e} (scale {:.2}, tolerance {:.0e} x scale), greedy ids {}: {}",
+                r.device,
+                r.kind,
+                r.logits_max_abs_err,
+                r.logits_scale,
+                r.relative_tolerance,
+                if r.greedy_equal { "equal" } else { "differ" },
+                if r.ok { "ok" } else { "FAILED" }
+            );
+        }
+        if !r.ok {
+            bail!("parity with transformers failed for {}", self.model.model.display());
         }
         Ok(())
     }
