@@ -539,23 +539,7 @@ pub fn train_memory(batch: usize, len: usize) -> Option<Vec<BenchRow>> {
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let model = CausalLm::new(&vs.root(), config);
     let vocab = model.config.vocab_size;
-    let rows: Vec<crate::rows::TrainingRow> = (0..batch)
-        .map(|i| {
-            let seq = tokens(vocab, len, 77 + i as u64);
-            crate::rows::TrainingRow {
-                prompt: seq[..1].to_vec(),
-                response: seq[1..].to_vec(),
-                loss_mask: vec![1; len - 1],
-                sampled_logprobs: Vec::new(),
-                reward: 0.0,
-                metric: 0.0,
-                prompt_group: 0,
-                tree_group: 0,
-                failure: None,
-            }
-        })
-        .collect();
-    let advantages: Vec<f64> = (0..batch).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let (rows, advantages) = random_rows(vocab, batch, len);
     let mut opt = crate::optim::AdamW::new(&vs, Default::default());
     let mut peaks = Vec::new();
     for (name, logits, checkpoint) in MEMORY_PATHS {
@@ -591,4 +575,58 @@ pub fn train_memory(batch: usize, len: usize) -> Option<Vec<BenchRow>> {
         "without / with layer checkpointing (the loss is the same: see the note of each row)",
     ));
     Some(out)
+}
+
+/// `batch` training rows of `len` random tokens, every one generated (scored), with advantages
+/// of alternating sign.
+fn random_rows(vocab: i64, batch: usize, len: usize) -> (Vec<crate::rows::TrainingRow>, Vec<f64>) {
+    let rows = (0..batch)
+        .map(|i| {
+            let seq = tokens(vocab, len, 77 + i as u64);
+            crate::rows::TrainingRow {
+                prompt: seq[..1].to_vec(),
+                response: seq[1..].to_vec(),
+                loss_mask: vec![1; len - 1],
+                sampled_logprobs: Vec::new(),
+                reward: 0.0,
+                metric: 0.0,
+                prompt_group: 0,
+                tree_group: 0,
+                failure: None,
+            }
+        })
+        .collect();
+    (rows, (0..batch).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect())
+}
+
+/// Tokens/s of one training micro-batch (a PPO update of `batch` x `len` random generated
+/// tokens: old and reference scoring, forward, backward, optimiser step) on `model`, with the
+/// logits path given: the median of `repeats` synchronised runs after a warm-up. Run alone in a
+/// process, its peak device memory (sampled outside, e.g. by nvidia-smi) is that of this path.
+pub fn train_step(
+    model: &CausalLm,
+    vs: &tch::nn::VarStore,
+    (batch, len): (usize, usize),
+    (logits, checkpoint): (crate::algo::update::LogitsPath, bool),
+    repeats: usize,
+) -> BenchRow {
+    use crate::algo::update::{UpdateConfig, ppo_update};
+    let (rows, advantages) = random_rows(model.config.vocab_size, batch, len);
+    let mut opt = crate::optim::AdamW::new(vs, Default::default());
+    let cfg = UpdateConfig { micro_batch: batch, logits, checkpoint, ..Default::default() };
+    let secs = single(model.device(), repeats, &mut || {
+        ppo_update(model, model, &mut opt, 0.0, &rows, &advantages, &cfg);
+    });
+    BenchRow::new(
+        format!(
+            "training micro-batch, {logits:?}{}",
+            if checkpoint && logits != crate::algo::update::LogitsPath::Full { " + layer checkpointing" } else { "" }
+        ),
+        format!("{:.1}", (batch * len) as f64 / secs),
+        "tokens/s",
+        format!(
+            "{batch} x {len} tokens, PPO update at lr 0 (scoring, forward, backward, step); median of {}",
+            repeats.max(1)
+        ),
+    )
 }

@@ -51,9 +51,10 @@ pub fn check(dir: &Path, placement: Placement) -> Result<ParityReport, ParityErr
     let device = placement.device;
     let (ids, mask, pos) = (get("batch.input_ids")?, get("batch.attention_mask")?, get("batch.position_ids")?);
     let want = get("batch.logits")?;
-    let got = tch::no_grad(|| lm.forward(&ids.to_device(device), &pos.to_device(device), &mask.to_device(device), None))
-        .to_device(tch::Device::Cpu)
-        .to_kind(Kind::Float);
+    let got =
+        tch::no_grad(|| lm.forward(&ids.to_device(device), &pos.to_device(device), &mask.to_device(device), None))
+            .to_device(tch::Device::Cpu)
+            .to_kind(Kind::Float);
     let real = mask.unsqueeze(-1).expand_as(want).to_kind(Kind::Float);
     let err = ((&got - want).abs() * real).max().double_value(&[]);
     let scale = want.abs().max().double_value(&[]).max(1.0);
@@ -81,8 +82,7 @@ fn greedy(lm: &crate::model::CausalLm, prompt: &Tensor, n: i64) -> Vec<i64> {
         let mut cache = lm.new_cache();
         let len = prompt.size()[1];
         let pos = Tensor::arange(len, (Kind::Int64, device)).unsqueeze(0);
-        let mut logits =
-            lm.forward_last_with(prompt, &pos, crate::model::Masking::Causal, Some(&mut cache));
+        let mut logits = lm.forward_last_with(prompt, &pos, crate::model::Masking::Causal, Some(&mut cache));
         let mut out = Vec::new();
         for i in 0..n {
             let next = logits.argmax(-1, false).int64_value(&[0]);

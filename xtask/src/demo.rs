@@ -105,7 +105,7 @@ pub(crate) fn smollm2_hf(trainer: &Path) -> Result<PathBuf> {
     Ok(hf)
 }
 
-fn target_dir(root: &Path) -> Result<PathBuf> {
+pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
     let out = Command::new("cargo")
         .args(["metadata", "--format-version", "1", "--no-deps"])
         .current_dir(root)

@@ -7,6 +7,7 @@ mod assets;
 mod bench;
 mod demo;
 mod fuzz;
+mod gpu;
 mod libtorch;
 mod python;
 mod redis;
@@ -69,6 +70,10 @@ enum Command {
     /// WebSocket vs HTTP /retrieve, fork cost, BM25, SmolLM2 generation and training, KV-prefix
     /// reuse vs re-encoding, tree vs chain at equal budget (markdown in target/bench/bench.md).
     Bench(bench::BenchArgs),
+    /// Lay out what the GPU device machine needs to check Grove there (stripped release
+    /// binaries, golden models, tokenizer, a small world, the script); `--cpu` also runs the
+    /// script here in its CPU mode.
+    GpuCheck(gpu::GpuArgs),
     /// Run the libFuzzer targets in fuzz/ (wire frames, action parser, dataset loaders, GGUF)
     /// for --seconds each with a persistent corpus in the cache; fails on any crash.
     Fuzz(fuzz::FuzzArgs),
@@ -92,6 +97,7 @@ fn main() -> Result<()> {
         Command::Soak(args) => soak::run(&root, &args)?,
         Command::Bench(args) => bench::run(&root, &args)?,
         Command::Fuzz(args) => fuzz::run(&root, &args)?,
+        Command::GpuCheck(args) => gpu::run(&root, &args)?,
         Command::Env => {
             let dir = libtorch::ensure(&root, libtorch::Variant::Cpu)?;
             println!("export LIBTORCH={}", dir.display());
@@ -140,6 +146,10 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         util::run_cmd(
             std::process::Command::new("cargo").current_dir(root).args(&args).env("GROVE_REDIS_SERVER", &redis_server),
         )
+    })?;
+    phase("gpu-check (CPU mode)", &mut || {
+        let args = gpu::GpuArgs { out: gpu::ci_dir(root), cpu: true, debug: true };
+        gpu::run(root, &args)
     })?;
     phase("fuzz (time-boxed)", &mut || fuzz::time_boxed(root))?;
     phase("python tests", &mut || {

@@ -528,9 +528,13 @@ impl WorldArgs {
 
 #[derive(Debug, Args)]
 struct InitSmallArgs {
-    /// wiki-18 JSONL corpus.
+    /// wiki-18 JSONL corpus a new BPE tokenizer is trained on.
+    #[arg(long, required_unless_present = "tokenizer", conflicts_with = "tokenizer")]
+    corpus: Option<PathBuf>,
+    /// Use this folder's tokenizer (tokenizer.json, tokenizer_config.json) instead of training
+    /// one: a small random model for an existing vocabulary.
     #[arg(long)]
-    corpus: PathBuf,
+    tokenizer: Option<PathBuf>,
     /// QA JSONL whose questions join the tokenizer's training text.
     #[arg(long)]
     questions: Option<PathBuf>,
@@ -558,9 +562,24 @@ impl InitSmallArgs {
             .as_ref()
             .map(|p| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display())))
             .transpose()?;
-        let texts = tokenizer_corpus(&self.corpus, self.questions.as_deref(), template.as_deref())?;
         let out = &self.out.out;
-        let vocab = train_bpe(&texts, self.vocab, out)?;
+        let vocab = match (&self.tokenizer, &self.corpus) {
+            (Some(dir), _) => {
+                std::fs::create_dir_all(out)?;
+                for file in ["tokenizer.json", "tokenizer_config.json"] {
+                    let from = dir.join(file);
+                    if from.exists() {
+                        std::fs::copy(&from, out.join(file)).with_context(|| format!("copy {}", from.display()))?;
+                    }
+                }
+                grove_trainer::tokenizer::Tokenizer::from_dir(out)?.vocab_size()
+            }
+            (None, Some(corpus)) => {
+                let texts = tokenizer_corpus(corpus, self.questions.as_deref(), template.as_deref())?;
+                train_bpe(&texts, self.vocab, out)?
+            }
+            (None, None) => bail!("init-small needs --corpus or --tokenizer"),
+        };
         let shape = SmallModel {
             hidden: self.hidden,
             layers: self.layers,
@@ -663,6 +682,17 @@ struct BenchArgs {
     /// Qwen2.5 vocabulary, full logits against chunked (e.g. `1x4096`; CPU).
     #[arg(long)]
     train_memory: Option<String>,
+    /// Only time one training micro-batch of BxT tokens on --model with --logits and
+    /// --checkpoint (e.g. `4x4096`), nothing else: run alone, the process's peak device memory
+    /// is that path's.
+    #[arg(long)]
+    train_step: Option<String>,
+    /// The logits path of --train-step: chunked (512 positions at a time) or full.
+    #[arg(long, value_enum, default_value = "chunked")]
+    logits: LogitsArg,
+    /// Layer checkpointing in --train-step.
+    #[arg(long)]
+    checkpoint: bool,
     /// The policy of the rollout (default: --model); a policy that calls tools makes the tree
     /// and chain figures compare something.
     #[arg(long)]
@@ -674,9 +704,33 @@ struct BenchArgs {
     json: bool,
 }
 
+/// `--logits` of `trainer bench --train-step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogitsArg {
+    Chunked,
+    Full,
+}
+
+/// `BxT`, e.g. `4x4096`.
+fn batch_by_len(flag: &str, shape: &str) -> Result<(usize, usize)> {
+    let parsed = shape.split_once('x').and_then(|(b, t)| Some((b.parse::<usize>().ok()?, t.parse::<usize>().ok()?)));
+    parsed.filter(|(b, t)| *b > 0 && *t > 1).with_context(|| format!("{flag} {shape}: expected BxT, e.g. 1x4096"))
+}
+
 impl BenchArgs {
     fn run(self) -> Result<()> {
         let l = self.model.load()?;
+        if let Some(shape) = &self.train_step {
+            use grove_trainer::algo::update::LogitsPath;
+            let shape = batch_by_len("--train-step", shape)?;
+            let path = match self.logits {
+                LogitsArg::Chunked => LogitsPath::Chunked(512),
+                LogitsArg::Full => LogitsPath::Full,
+            };
+            let row = grove_trainer::bench::train_step(&l.lm, &l.vs, shape, (path, self.checkpoint), self.repeats);
+            self.print(vec![row]);
+            return Ok(());
+        }
         let opts = BenchOptions {
             new_tokens: self.new_tokens,
             gen_batches: self.gen_batches.clone(),
@@ -696,11 +750,7 @@ impl BenchArgs {
         )];
         rows.extend(grove_trainer::bench::run(&l.lm, &l.tok, &opts).rows);
         if let Some(shape) = &self.train_memory {
-            let parsed =
-                shape.split_once('x').and_then(|(b, t)| Some((b.parse::<usize>().ok()?, t.parse::<usize>().ok()?)));
-            let Some((b, t)) = parsed.filter(|(b, t)| *b > 0 && *t > 1) else {
-                bail!("--train-memory {shape}: expected BxT, e.g. 1x4096");
-            };
+            let (b, t) = batch_by_len("--train-memory", shape)?;
             match grove_trainer::bench::train_memory(b, t) {
                 Some(r) => rows.extend(r),
                 None => eprintln!("training memory: /proc/self/status or clear_refs unavailable, not measured"),
@@ -737,6 +787,11 @@ impl BenchArgs {
                 self.rollout.sampling.max_new_tokens,
             )),
         }
+        self.print(rows);
+        Ok(())
+    }
+
+    fn print(&self, rows: Vec<BenchRow>) {
         if self.json {
             for r in rows {
                 let line = serde_json::json!({ "figure": r.figure, "value": r.value, "unit": r.unit, "note": r.note });
@@ -748,7 +803,6 @@ impl BenchArgs {
                 println!("{:<58} {:>14} {:<9} {}", r.figure, r.value, r.unit, r.note);
             }
         }
-        Ok(())
     }
 }
 
