@@ -13,7 +13,10 @@
 # for every shape (what `cargo xtask test` does, so the script cannot rot).
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
-W=${TMPDIR:-/tmp}/grove-gpu-check; mkdir -p "$W"
+W=${TMPDIR:-/tmp}/grove-gpu-check
+# A fresh scratch folder, unless models made by an earlier run should be reused (KEEP_MODELS=1).
+[ "${KEEP_MODELS:-0}" = 1 ] || rm -rf "$W"
+mkdir -p "$W"
 OUT=${OUT:-$W/out}; mkdir -p "$OUT"
 DEV=${DEV:-cuda}
 if [ "$DEV" = cuda ]; then
