@@ -39,6 +39,16 @@ pub struct BenchArgs {
     /// Turns of the KV-prefix reuse vs re-encoding baseline.
     #[arg(long, default_value_t = 4)]
     turns: usize,
+    /// Batch sizes of the generation figures (this engine against the one before).
+    #[arg(long, default_value = "1,8,64")]
+    gen_batches: String,
+    /// Timed runs per trainer figure (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Peak memory of one training micro-batch of BxT tokens with the Qwen2.5 vocabulary, chunked
+    /// against full logits ("" to skip; the full path needs about 12 GB at 1x4096).
+    #[arg(long, default_value = "1x4096")]
+    train_memory: String,
     /// Held-out synthetic questions of the real tree vs chain rollout (0: the budget arithmetic
     /// instead).
     #[arg(long, default_value_t = 16)]
@@ -129,7 +139,14 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             &args.turns.to_string(),
             "--prompts",
             &args.budget_prompts.to_string(),
+            "--gen-batches",
+            &args.gen_batches,
+            "--repeats",
+            &args.repeats.to_string(),
         ]);
+        if !args.train_memory.is_empty() {
+            cmd.args(["--train-memory", &args.train_memory]);
+        }
         if let Some((server, dir)) = &policy {
             cmd.args(["--env", &server.url, "--data-source", "synthetic", "--data"])
                 .arg(dir.join("world/test.jsonl"))
