@@ -174,30 +174,100 @@ fn forward_backward(model: &CausalLm, vocab: i64, b: usize, len: usize, seed: u6
     (-loss).backward();
 }
 
-/// Generation at batch `b`, this engine against the legacy one: tokens/s of each (median) and
-/// whether their greedy tokens agree.
-fn generation(model: &CausalLm, tok: &Tokenizer, vocab: i64, b: usize, opts: &BenchOptions) -> (f64, f64, bool) {
+/// The two engines, for the same-run comparison.
+trait Generates {
+    fn add_prompt(&mut self, tokens: Vec<u32>) -> u64;
+    fn generate_tokens(&mut self, seqs: &[u64], params: &SamplingParams, tok: &Tokenizer) -> Vec<Vec<u32>>;
+    fn generated(&self) -> u64;
+}
+
+impl Generates for Engine<'_> {
+    fn add_prompt(&mut self, tokens: Vec<u32>) -> u64 {
+        self.add(tokens, 1).unwrap_or(0)
+    }
+    fn generate_tokens(&mut self, seqs: &[u64], params: &SamplingParams, tok: &Tokenizer) -> Vec<Vec<u32>> {
+        self.generate(seqs, params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default()
+    }
+    fn generated(&self) -> u64 {
+        self.stats.generated_tokens
+    }
+}
+
+impl Generates for LegacyEngine<'_> {
+    fn add_prompt(&mut self, tokens: Vec<u32>) -> u64 {
+        self.add(tokens, 1).unwrap_or(0)
+    }
+    fn generate_tokens(&mut self, seqs: &[u64], params: &SamplingParams, tok: &Tokenizer) -> Vec<Vec<u32>> {
+        self.generate(seqs, params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default()
+    }
+    fn generated(&self) -> u64 {
+        self.stats.generated_tokens
+    }
+}
+
+/// On fresh sequences: tokens/s of a first call (encoding the prompts, then decoding) and of a
+/// second (decoding only), and the second call's tokens.
+fn timed_generation(
+    mut engine: impl Generates,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    tok: &Tokenizer,
+    device: Device,
+) -> ((f64, f64), Vec<Vec<u32>>) {
+    let seqs: Vec<u64> = prompts.iter().map(|p| engine.add_prompt(p.clone())).collect();
+    let t = seconds(device, &mut || {
+        engine.generate_tokens(&seqs, params, tok);
+    });
+    let whole = engine.generated() as f64 / t.max(1e-12);
+    let before = engine.generated();
+    let mut out = Vec::new();
+    let t = seconds(device, &mut || out = engine.generate_tokens(&seqs, params, tok));
+    ((whole, (engine.generated() - before) as f64 / t.max(1e-12)), out)
+}
+
+/// Generation at batch `b`, this engine against the legacy one, each run on fresh sequences:
+/// tokens/s of the whole call (encoding the prompts, then decoding) and of decoding alone (a
+/// second call, the prompts already encoded), medians, and whether their greedy tokens agree.
+struct GenFigures {
+    whole: (f64, f64),
+    decode: (f64, f64),
+    same: bool,
+}
+
+fn generation(model: &CausalLm, tok: &Tokenizer, vocab: i64, b: usize, opts: &BenchOptions) -> GenFigures {
+    let device = model.device();
     let prompts: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, opts.prompt_len, i as u64)).collect();
     let params = greedy(opts.new_tokens);
-    let (mut out_new, mut out_old) = (Vec::new(), Vec::new());
-    let (mut n_new, mut n_old) = (0u64, 0u64);
-    let mut run_new = || {
-        let mut engine = Engine::new(model);
-        let seqs: Vec<_> = prompts.iter().map(|p| engine.add(p.clone(), 1).unwrap_or(0)).collect();
-        out_new =
-            engine.generate(&seqs, &params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default();
-        n_new = engine.stats.generated_tokens;
+    let mut outputs: [Vec<Vec<u32>>; 2] = [Vec::new(), Vec::new()];
+    let mut timings: [[Vec<f64>; 2]; 2] = Default::default();
+    let mut run = |legacy: bool, keep: bool| {
+        let ((whole, decode), out) = if legacy {
+            timed_generation(LegacyEngine::new(model), &prompts, &params, tok, device)
+        } else {
+            timed_generation(Engine::new(model), &prompts, &params, tok, device)
+        };
+        let i = usize::from(legacy);
+        if keep {
+            timings[i][0].push(whole);
+            timings[i][1].push(decode);
+        }
+        outputs[i] = out;
     };
-    let mut run_old = || {
-        let mut engine = LegacyEngine::new(model);
-        let seqs: Vec<_> = prompts.iter().map(|p| engine.add(p.clone(), 1).unwrap_or(0)).collect();
-        out_old =
-            engine.generate(&seqs, &params, tok).map(|g| g.into_iter().map(|g| g.tokens).collect()).unwrap_or_default();
-        n_old = engine.stats.generated_tokens;
-    };
-    let (t_new, t_old) = paired(model.device(), opts.repeats, &mut run_new, &mut run_old);
-    let same = !out_new.is_empty() && out_new == out_old;
-    (n_new as f64 / t_new.max(1e-12), n_old as f64 / t_old.max(1e-12), same)
+    run(false, false);
+    run(true, false);
+    for rep in 0..opts.repeats.max(1) {
+        let order = if rep % 2 == 0 { [false, true] } else { [true, false] };
+        for legacy in order {
+            run(legacy, true);
+        }
+    }
+    let [new, old] = timings;
+    let [out_new, out_old] = outputs;
+    GenFigures {
+        whole: (median(new[0].clone()), median(old[0].clone())),
+        decode: (median(new[1].clone()), median(old[1].clone())),
+        same: !out_new.is_empty() && out_new == out_old,
+    }
 }
 
 pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchReport {
@@ -206,26 +276,28 @@ pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchRepor
     let mut rows = Vec::new();
     let note = format!("median of {} synchronised runs after a warm-up at the same shape", opts.repeats.max(1));
     for &b in &opts.gen_batches {
-        let (new, old, same) = generation(model, tok, vocab, b, opts);
+        let g = generation(model, tok, vocab, b, opts);
         let setting = format!("{} prompt + {} new tokens per sequence, greedy", opts.prompt_len, opts.new_tokens);
-        rows.push(BenchRow::new(
-            format!("generation, batch {b}"),
-            format!("{new:.1}"),
-            "tokens/s",
-            format!("{setting}; {note}"),
-        ));
-        rows.push(BenchRow::new(
-            format!("generation, batch {b}, engine before (baseline)"),
-            format!("{old:.1}"),
-            "tokens/s",
-            "generate::legacy, same prompts, same run",
-        ));
-        rows.push(BenchRow::new(
-            format!("  generation, batch {b}: engine vs engine before"),
-            format!("{:.2}x", new / old.max(1e-12)),
-            "ratio",
-            format!("greedy outputs identical: {}", if same { "yes" } else { "NO" }),
-        ));
+        for (what, (new, old)) in [("encode + decode", g.whole), ("decoding only", g.decode)] {
+            rows.push(BenchRow::new(
+                format!("generation, batch {b}, {what}"),
+                format!("{new:.1}"),
+                "tokens/s",
+                format!("{setting}; {note}"),
+            ));
+            rows.push(BenchRow::new(
+                format!("generation, batch {b}, {what}, engine before (baseline)"),
+                format!("{old:.1}"),
+                "tokens/s",
+                "generate::legacy, same prompts, same run, alternating",
+            ));
+            rows.push(BenchRow::new(
+                format!("  generation, batch {b}, {what}: engine vs engine before"),
+                format!("{:.2}x", new / old.max(1e-12)),
+                "ratio",
+                format!("greedy outputs identical: {}", if g.same { "yes" } else { "NO" }),
+            ));
+        }
     }
     let (b, len) = (opts.prefill_batch as i64, opts.prefill_len as i64);
     let secs = single(device, opts.repeats, &mut || prefill(model, vocab, b, len, 99));
