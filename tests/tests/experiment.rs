@@ -3,7 +3,9 @@
 //! the table, results and plots written.
 
 use grove_tests::WorldServer;
-use grove_trainer::experiment::{Arm, ExperimentConfig, format_table, outputs, run_experiment, table_rows};
+use grove_trainer::experiment::{
+    Arm, ExperimentConfig, LrSweep, Regime, comparisons, format_table, outputs, run_experiment, table_rows,
+};
 use grove_trainer::method::Method;
 use grove_trainer::scratch::{SmallModel, init_model, train_bpe};
 use grove_trainer::train::{EnvUrls, TrainConfig};
@@ -27,7 +29,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let out = dir.path().join("exp");
     let cfg = ExperimentConfig {
         train: TrainConfig {
-            model,
+            model: model.clone(),
             env: EnvUrls(vec![srv.url.clone()]),
             train_data: files.train(),
             eval_data: Some(files.test()),
@@ -50,14 +52,40 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         },
         seeds: vec![0, 1],
         arms: vec![Arm::new(Method::chain(2)), Arm::new(Method::tree(1, 2, 1, 3))],
+        regimes: vec![Regime { name: "start".into(), model: model.clone(), note: "random init".into() }],
+        lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
     };
     let results = run_experiment(&cfg, false).unwrap();
-    assert_eq!(results.runs.len(), 4, "2 arms x 2 seeds");
+    let regime = &results.regimes[0];
+    assert_eq!(regime.runs.len(), 4, "2 arms x 2 seeds");
     // The start point saw every held-out question, per hop count.
-    assert_eq!(results.start.greedy["all"].questions, 4);
-    assert_eq!(results.start.greedy["synthetic_2hop"].questions, 2);
+    assert_eq!(regime.start.greedy["all"].questions, 4);
+    assert_eq!(regime.start.greedy["synthetic_2hop"].questions, 2);
+    // The sweep trained both arms (budget 2) at each rate with its own seed, never evaluated on
+    // held-out questions, and the arms used the rate with the best training reward.
+    let sweep = regime.sweep.as_ref().unwrap();
+    assert_eq!(sweep.runs.len(), 4, "2 rates x 2 arms x 1 seed");
+    assert!(sweep.runs.iter().all(|(_, r)| r.seed == 7 && r.summary.evals.is_empty()));
+    let best = sweep.reward.iter().cloned().fold((0.0, f64::NEG_INFINITY), |b, x| if x.1 > b.1 { x } else { b });
+    assert_eq!((regime.lr, sweep.chosen), (best.0, best.0));
+    let sweep_run = out.join(format!("start/sweep/lr-{:e}/chain-n-2/seed-7", 1e-3));
+    assert!(!sweep_run.join("eval-1.json").exists() && sweep_run.join("metrics.jsonl").exists());
+    let chosen = std::fs::read_to_string(out.join("start/chain-n-2/seed-0/config.toml")).unwrap();
+    assert!(chosen.contains(&format!("lr = {}", regime.lr)), "{chosen}");
 
-    let rows = table_rows(&results);
+    // Seeds are paired: the tree - chain difference is over the same seeds.
+    let cmp = comparisons(&cfg, regime);
+    assert_eq!(cmp.len(), 1);
+    let all = cmp[0].diff["all"];
+    assert_eq!(all.n, 2);
+    let em = |arm: &str, seed: u64| {
+        regime.runs.iter().find(|r| r.arm == arm && r.seed == seed).unwrap().summary.evals.last().unwrap().greedy["all"]
+            .score
+    };
+    let expect = ((em("tree (1,2,1)", 0) - em("chain n=2", 0)) + (em("tree (1,2,1)", 1) - em("chain n=2", 1))) / 2.0;
+    assert!((all.mean - expect).abs() < 1e-12 && all.lo <= all.mean && all.mean <= all.hi);
+
+    let rows = table_rows(&cfg, regime);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].trajectories_per_prompt, 2.0);
     assert_eq!(rows[1].trajectories_per_prompt, 3.0, "a (1,2,1) tree keeps 1 + N L = 3 leaves");
@@ -65,7 +93,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     // and seeds of each step's generated tokens and tool calls, per prompt.
     for (row, arm) in rows.iter().zip(["chain n=2", "tree (1,2,1)"]) {
         let steps: Vec<_> =
-            results.runs.iter().filter(|r| r.arm == arm).flat_map(|r| r.summary.metrics.iter()).collect();
+            regime.runs.iter().filter(|r| r.arm == arm).flat_map(|r| r.summary.metrics.iter()).collect();
         assert_eq!(steps.len(), 2, "1 step x 2 seeds");
         let mean = |f: &dyn Fn(&grove_trainer::train::StepMetrics) -> u64| {
             steps.iter().map(|m| f(m) as f64).sum::<f64>() / steps.len() as f64 / 2.0
@@ -79,18 +107,37 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let ratio = rows[1].generated_tokens_per_prompt / rows[0].generated_tokens_per_prompt;
     assert!((0.8..1.6).contains(&ratio), "tree / chain generated tokens {ratio}");
     // Each arm trained with its method's estimator.
-    let config_of = |arm: &str| std::fs::read_to_string(out.join(arm).join("seed-0/config.toml")).unwrap();
+    let config_of =
+        |arm: &str| std::fs::read_to_string(out.join("start").join(arm).join("seed-0/config.toml")).unwrap();
     assert!(config_of("chain-n-2").contains("kind = \"chain\""));
 
     let table = format_table(&results);
     assert!(table.contains("| start (before RL) |") && table.contains("| chain n=2 | 2 |"), "{table}");
     assert!(table.contains("| tree (1,2,1) | 2 |") && table.contains("synthetic_3hop EM"), "{table}");
-    for path in outputs(&out) {
+    assert!(table.contains("| ≈2 | tree (1,2,1) | chain n=2 | 2 |"), "{table}");
+    for path in outputs(&cfg) {
         assert!(path.exists(), "{}", path.display());
     }
-    assert!(out.join("tree-1-2-1/seed-1/metrics.jsonl").exists());
-    let svg = std::fs::read_to_string(out.join("em_vs_step.svg")).unwrap();
+    assert!(out.join("start/tree-1-2-1/seed-1/metrics.jsonl").exists());
+    let svg = std::fs::read_to_string(out.join("start-em_vs_step.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 2, "one line per arm");
+
+    // Run again: every finished run is reused (nothing retrains), and the results are the same.
+    let stamp = |p: &std::path::Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    let metrics = out.join("start/tree-1-2-1/seed-1/metrics.jsonl");
+    let before = stamp(&metrics);
+    let again = run_experiment(&cfg, false).unwrap();
+    assert_eq!(again.regimes, results.regimes);
+    assert_eq!(stamp(&metrics), before, "a finished run is reused");
+    // An unfinished run is started again; a finished run of other settings is refused.
+    std::fs::remove_file(out.join("start/chain-n-2/seed-1/eval-1.json")).unwrap();
+    let again = run_experiment(&cfg, false).unwrap();
+    assert!(out.join("start/chain-n-2/seed-1/eval-1.json").exists());
+    assert_eq!(again.regimes[0].runs.len(), 4);
+    let mut other = cfg.clone();
+    other.train.kl_coef = 0.5;
+    let e = format!("{:#}", run_experiment(&other, false).unwrap_err());
+    assert!(e.contains("other settings"), "{e}");
     // Every episode the runs opened was closed.
     let env = grove_trainer::env::EnvClient::connect(&srv.url, Default::default()).unwrap();
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
@@ -117,6 +164,7 @@ estimator = "tree_inter"
     let default = ExperimentConfig::default();
     let labels: Vec<String> = default.arms.iter().map(Arm::label).collect();
     assert_eq!(labels, ["chain n=2", "tree (1,2,1)", "chain n=4", "tree (2,2,1)"]);
+    assert_eq!(default.seeds.len(), 5);
     let e = toml::from_str::<ExperimentConfig>("[[arms]]\nmethod = { kind = \"chain\", chain_n = 4 }\n").unwrap_err();
     assert!(e.to_string().contains("unknown field `chain_n`"), "{e}");
     let dir = tempfile::tempdir().unwrap();
@@ -128,8 +176,25 @@ estimator = "tree_inter"
             method: Method::chain(4),
             estimator: Some(grove_trainer::algo::advantage::Estimator::Tree),
         }],
+        ..ExperimentConfig::default()
     };
     let e = format!("{:#}", run_experiment(&bad, false).unwrap_err());
     assert!(e.contains("needs tree rollouts"), "{e}");
+    assert!(!dir.path().join("exp").exists(), "nothing ran");
+    // A sweep seed that is also a reported seed would choose on the runs it reports.
+    let overlap = ExperimentConfig {
+        train: TrainConfig {
+            out_dir: dir.path().join("exp"),
+            eval_data: Some("test.jsonl".into()),
+            ..TrainConfig::default()
+        },
+        seeds: vec![0, 1],
+        lr_sweep: Some(LrSweep { lrs: vec![1e-4], seeds: vec![1], budget: None, judge_last: 0.5 }),
+        ..ExperimentConfig::default()
+    };
+    let e = format!("{:#}", run_experiment(&overlap, false).unwrap_err());
+    assert!(e.contains("seed 1 is both a sweep seed and an experiment seed"), "{e}");
+    let e = toml::from_str::<ExperimentConfig>("[lr_sweep]\nlrs = [1e-4]\njudge = 0.5\n").unwrap_err();
+    assert!(e.to_string().contains("unknown field `judge`"), "{e}");
     assert!(!dir.path().join("exp").exists(), "nothing ran");
 }

@@ -1,13 +1,27 @@
-//! Chain GRPO against Tree-GRPO at equal rollout budget (the paper's Table 3, §2.6 of the spec):
-//! from one starting checkpoint, every arm trains the same number of steps on the same prompts
-//! with several seeds, then is evaluated greedily on held-out questions. Writes a table
-//! (`table.md`), the raw numbers (`results.json`) and plots (EM and reward against step).
+//! Chain GRPO against Tree-GRPO at equal rollout budget (the paper's Table 3, §2.6 and §8.3 of
+//! the spec), run so that it can tell:
+//!
+//! - every arm of a **regime** starts from that regime's checkpoint (e.g. a strong and a weak
+//!   warm start), trains the same steps on the same prompts, and is evaluated greedily on the
+//!   whole held-out set at several steps;
+//! - seeds are **paired** across arms: seed `s` draws the same prompts at every step in every
+//!   arm, and the runs go seed by seed, so an interrupted experiment leaves whole pairs;
+//! - the learning rate is chosen per regime by a small **sweep judged on the training reward
+//!   only** (its own seeds, no held-out question is loaded), the same rate for every arm;
+//! - per budget, the **paired difference** tree − chain of held-out EM per seed, with its 95%
+//!   confidence interval (Student t), per hop count and overall;
+//! - every finished run is kept in its own run folder and **reused** when the command runs
+//!   again with the same settings, so the experiment resumes where it stopped.
+//!
+//! Writes `table.md`, `results.json` (everything, per step), and per regime the curves of held-out
+//! EM, training reward and the fraction of zero-advantage groups.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use grove_rundir::RunDir;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::advantage::Estimator;
@@ -50,29 +64,156 @@ impl Arm {
         cfg.method = self.method;
         cfg.estimator = self.estimator;
     }
+
+    fn is_tree(&self) -> bool {
+        matches!(self.method, Method::Tree(_))
+    }
 }
 
-/// `trainer experiment --config FILE`: `[train]` holds the settings every arm shares (model =
-/// the starting checkpoint, data, steps, learning rate, ...); `seeds` and `[[arms]]` the grid.
+/// A starting checkpoint every arm trains from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Regime {
+    /// A short name, used as its folder (`strong`, `weak`).
+    pub name: String,
+    /// HF folder of the starting policy (and frozen reference).
+    pub model: PathBuf,
+    /// How the checkpoint was made, for the table.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// The learning-rate sweep: every candidate trains the sweep's arms with the sweep's seeds, and
+/// the candidate with the highest mean training reward over the last `judge_last` of the steps
+/// is used by every arm of the regime. No held-out question is loaded by a sweep run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrSweep {
+    pub lrs: Vec<f64>,
+    /// Seeds of the sweep runs; they must differ from the experiment's.
+    #[serde(default = "LrSweep::default_seeds")]
+    pub seeds: Vec<u64>,
+    /// Sweep the arms of this budget (default: the largest budget of the experiment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<f64>,
+    /// The fraction of final steps whose training reward judges a rate.
+    #[serde(default = "LrSweep::default_judge_last")]
+    pub judge_last: f64,
+}
+
+impl LrSweep {
+    fn default_seeds() -> Vec<u64> {
+        vec![1000]
+    }
+
+    fn default_judge_last() -> f64 {
+        0.5
+    }
+}
+
+/// `trainer experiment --config FILE`: `[train]` holds the settings every arm shares (data,
+/// steps, learning rate, ...), `[[regimes]]` the starting checkpoints (default: one, `train.model`),
+/// `seeds` and `[[arms]]` the grid, `[lr_sweep]` the optional learning-rate sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExperimentConfig {
     pub train: TrainConfig,
     pub seeds: Vec<u64>,
     pub arms: Vec<Arm>,
+    pub regimes: Vec<Regime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_sweep: Option<LrSweep>,
 }
 
 impl Default for ExperimentConfig {
-    /// The issue's grid: chain n=2 against tree (1,2,1), chain n=4 against tree (2,2,1), 3 seeds.
+    /// The issue's grid: chain n=2 against tree (1,2,1), chain n=4 against tree (2,2,1), 5 seeds.
     fn default() -> Self {
         Self {
             train: TrainConfig::default(),
-            seeds: vec![0, 1, 2],
+            seeds: vec![0, 1, 2, 3, 4],
             arms: [Method::chain(2), Method::tree(1, 2, 1, 3), Method::chain(4), Method::tree(2, 2, 1, 3)]
                 .into_iter()
                 .map(Arm::new)
                 .collect(),
+            regimes: Vec::new(),
+            lr_sweep: None,
         }
+    }
+}
+
+impl ExperimentConfig {
+    /// The regimes to run: the configured ones, or one named `main` starting from `train.model`.
+    pub fn regimes(&self) -> Vec<Regime> {
+        if self.regimes.is_empty() {
+            vec![Regime { name: "main".into(), model: self.train.model.clone(), note: String::new() }]
+        } else {
+            self.regimes.clone()
+        }
+    }
+
+    /// Everything that can be checked before a run starts.
+    pub fn check(&self) -> Result<()> {
+        if self.seeds.is_empty() {
+            bail!("`seeds` is empty: at least one seed");
+        }
+        if self.arms.is_empty() {
+            bail!("no `[[arms]]`");
+        }
+        for arm in &self.arms {
+            let mut train = self.train.clone();
+            arm.apply(&mut train);
+            train.step_config().with_context(|| format!("arm {}", arm.label()))?;
+        }
+        let mut labels: Vec<String> = self.arms.iter().map(Arm::label).collect();
+        labels.sort();
+        if let Some(w) = labels.windows(2).find(|w| w[0] == w[1]) {
+            bail!("two arms are labelled `{}`: give one a `label`", w[0]);
+        }
+        let regimes = self.regimes();
+        for (i, r) in regimes.iter().enumerate() {
+            if r.name.is_empty() || slug(&r.name) != r.name {
+                bail!("regime name `{}`: use letters, digits and '-' only", r.name);
+            }
+            if regimes[..i].iter().any(|o| o.name == r.name) {
+                bail!("two regimes are named `{}`", r.name);
+            }
+        }
+        if self.train.eval_data.is_none() {
+            bail!("the experiment needs `eval_data` (held-out questions)");
+        }
+        if self.train.eval_every == 0 {
+            bail!("`eval_every` = 0: the experiment evaluates at several steps");
+        }
+        if let Some(s) = &self.lr_sweep {
+            if s.lrs.is_empty() {
+                bail!("`lr_sweep.lrs` is empty");
+            }
+            if let Some(lr) = s.lrs.iter().find(|lr| !(**lr > 0.0 && lr.is_finite())) {
+                bail!("`lr_sweep.lrs`: {lr} is not a learning rate");
+            }
+            if s.seeds.is_empty() {
+                bail!("`lr_sweep.seeds` is empty");
+            }
+            if let Some(seed) = s.seeds.iter().find(|s| self.seeds.contains(s)) {
+                bail!(
+                    "seed {seed} is both a sweep seed and an experiment seed: the runs that choose the learning \
+                     rate must not be the runs reported"
+                );
+            }
+            if !(s.judge_last > 0.0 && s.judge_last <= 1.0) {
+                bail!("`lr_sweep.judge_last` = {}: must be in (0, 1]", s.judge_last);
+            }
+            if self.sweep_arms(s).is_empty() {
+                bail!("`lr_sweep.budget` = {:?}: no arm has that budget", s.budget);
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep_arms(&self, s: &LrSweep) -> Vec<Arm> {
+        let budget =
+            s.budget.unwrap_or_else(|| self.arms.iter().map(|a| a.method.budget()).fold(f64::NEG_INFINITY, f64::max));
+        self.arms.iter().filter(|a| a.method.budget() == budget).cloned().collect()
     }
 }
 
@@ -84,64 +225,193 @@ pub struct ArmRun {
     pub summary: RunSummary,
 }
 
+/// The learning-rate sweep of one regime.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepResult {
+    /// Per candidate: the mean training reward over the judged steps, over the sweep's runs.
+    pub reward: Vec<(f64, f64)>,
+    pub chosen: f64,
+    /// The judged steps (the last ones of each run).
+    pub judged_steps: u64,
+    pub runs: Vec<(f64, ArmRun)>,
+}
+
+/// Everything one regime measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegimeResults {
+    pub regime: Regime,
+    /// The starting checkpoint on the held-out questions.
+    pub start: EvalPoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepResult>,
+    /// The learning rate every arm trained with.
+    pub lr: f64,
+    pub runs: Vec<ArmRun>,
+}
+
 /// Everything the experiment measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExperimentResults {
     pub config: ExperimentConfig,
-    /// The starting checkpoint on the held-out questions.
-    pub start: EvalPoint,
-    pub runs: Vec<ArmRun>,
+    pub regimes: Vec<RegimeResults>,
 }
 
-/// Run every arm with every seed (each in `<out>/<arm>/seed-<s>`), then write the table, the
-/// raw results and the plots into `out`.
+/// Run (or reuse) every regime's sweep and every arm with every seed, then write the table,
+/// the raw results and the plots into `train.out_dir`.
 pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<ExperimentResults> {
+    cfg.check()?;
     let out = cfg.train.out_dir.clone();
-    // Every arm's settings are checked before anything runs.
-    for arm in &cfg.arms {
-        let mut train = cfg.train.clone();
-        arm.apply(&mut train);
-        train.step_config().with_context(|| format!("arm {}", arm.label()))?;
-    }
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     std::fs::write(out.join("experiment.toml"), toml::to_string_pretty(cfg)?)?;
-    let start = evaluate_start(&cfg.train)?;
-    if progress {
-        eprint!("{}", format_eval_point(&start, &cfg.train.agent(None)));
-    }
-    let mut runs = Vec::new();
-    for arm in &cfg.arms {
+    let mut regimes = Vec::new();
+    for regime in cfg.regimes() {
+        let dir = out.join(&regime.name);
+        let mut train = cfg.train.clone();
+        train.model = regime.model.clone();
+        let start = evaluate_start(&train, &dir.join("start.json"), progress)
+            .with_context(|| format!("regime {}: the starting checkpoint", regime.name))?;
+        let sweep = match &cfg.lr_sweep {
+            Some(s) => Some(run_sweep(cfg, s, &train, &dir.join("sweep"), &regime.name, progress)?),
+            None => None,
+        };
+        let lr = sweep.as_ref().map_or(train.lr, |s| s.chosen);
+        train.lr = lr;
+        let mut runs = Vec::new();
+        // Seed by seed, so an interrupted experiment leaves whole pairs.
         for &seed in &cfg.seeds {
-            let mut train = cfg.train.clone();
-            arm.apply(&mut train);
-            train.seed = seed;
-            train.out_dir = out.join(slug(&arm.label())).join(format!("seed-{seed}"));
-            train.eval_before = false;
-            let opts = RunOptions { resume: false, progress, label: format!("{} seed {seed}", arm.label()) };
-            let summary = crate::train::run(&train, &opts)?;
-            if progress {
-                let em = summary.evals.last().map_or(0.0, EvalPoint::greedy_all);
-                eprintln!("{} seed {seed}: held-out EM {em:.3}", arm.label());
+            for arm in &cfg.arms {
+                let mut t = train.clone();
+                arm.apply(&mut t);
+                t.seed = seed;
+                t.out_dir = dir.join(slug(&arm.label())).join(format!("seed-{seed}"));
+                t.eval_before = false;
+                let label = format!("{} {} seed {seed}", regime.name, arm.label());
+                let summary = run_or_reuse(&t, &label, progress)?;
+                if progress {
+                    let em = summary.evals.last().map_or(0.0, EvalPoint::greedy_all);
+                    eprintln!("{label}: held-out EM {em:.3}");
+                }
+                runs.push(ArmRun { arm: arm.label(), seed, summary });
             }
-            runs.push(ArmRun { arm: arm.label(), seed, summary });
         }
+        regimes.push(RegimeResults { regime, start, sweep, lr, runs });
+        // The outputs so far, so that a long experiment can be read while it runs.
+        write_outputs(&ExperimentResults { config: cfg.clone(), regimes: regimes.clone() }, &out)?;
     }
-    let results = ExperimentResults { config: cfg.clone(), start, runs };
+    let results = ExperimentResults { config: cfg.clone(), regimes };
     write_outputs(&results, &out)?;
     Ok(results)
 }
 
-fn evaluate_start(train: &TrainConfig) -> Result<EvalPoint> {
+/// The sweep of one regime: each candidate rate trains the sweep arms with the sweep seeds, with
+/// no held-out data; the best mean training reward over the judged steps wins.
+fn run_sweep(
+    cfg: &ExperimentConfig,
+    s: &LrSweep,
+    train: &TrainConfig,
+    dir: &Path,
+    regime: &str,
+    progress: bool,
+) -> Result<SweepResult> {
+    let judged = ((train.steps as f64 * s.judge_last).ceil() as u64).clamp(1, train.steps.max(1));
+    let mut reward = Vec::new();
+    let mut runs = Vec::new();
+    for &lr in &s.lrs {
+        let mut judged_rewards = Vec::new();
+        for &seed in &s.seeds {
+            for arm in cfg.sweep_arms(s) {
+                let mut t = train.clone();
+                arm.apply(&mut t);
+                t.lr = lr;
+                t.seed = seed;
+                t.eval_data = None;
+                t.eval_before = false;
+                t.out_dir = dir.join(format!("lr-{lr:e}")).join(slug(&arm.label())).join(format!("seed-{seed}"));
+                let label = format!("{regime} sweep lr {lr:e} {} seed {seed}", arm.label());
+                let summary = run_or_reuse(&t, &label, progress)?;
+                let tail: Vec<f64> =
+                    summary.metrics.iter().filter(|m| m.step + judged >= train.steps).map(|m| m.reward_mean).collect();
+                judged_rewards.push(mean_std(&tail).0);
+                runs.push((lr, ArmRun { arm: arm.label(), seed, summary }));
+            }
+        }
+        let r = mean_std(&judged_rewards).0;
+        if progress {
+            eprintln!("{regime} sweep: lr {lr:e} -> training reward {r:.4} over the last {judged} steps");
+        }
+        reward.push((lr, r));
+    }
+    // The first of the best (candidates are tried in the order given).
+    let chosen =
+        reward.iter().fold((f64::NAN, f64::NEG_INFINITY), |best, &(lr, r)| if r > best.1 { (lr, r) } else { best }).0;
+    if !chosen.is_finite() {
+        bail!("{regime} sweep: no candidate produced a training reward");
+    }
+    if progress {
+        eprintln!("{regime}: learning rate {chosen:e} for every arm");
+    }
+    Ok(SweepResult { reward, chosen, judged_steps: judged, runs })
+}
+
+/// The settings that decide what a run computes (not where it writes or which port the
+/// env-server listens on), for comparing a run folder with the run asked for.
+fn settings_of(cfg: &TrainConfig) -> TrainConfig {
+    TrainConfig { env: crate::train::EnvUrls(Vec::new()), out_dir: PathBuf::new(), ..cfg.clone() }
+}
+
+/// Run `cfg`, or read the run back when its folder holds a finished run of the same settings.
+/// A finished run of other settings is an error (nothing is overwritten); an unfinished one is
+/// started again.
+fn run_or_reuse(cfg: &TrainConfig, label: &str, progress: bool) -> Result<RunSummary> {
+    let run = RunDir::new(&cfg.out_dir);
+    if run.config_path().exists() {
+        let existing = TrainConfig::from_file(&run.config_path())?;
+        let metrics = run.metrics()?;
+        let finished = metrics.len() as u64 == cfg.steps
+            && (cfg.eval_data.is_none() || cfg.eval_every == 0 || run.eval_path(cfg.steps).exists());
+        if finished {
+            if settings_of(&existing) != settings_of(cfg) {
+                bail!(
+                    "{} holds a finished run with other settings than this experiment's; move it away or choose \
+                     another output folder",
+                    cfg.out_dir.display()
+                );
+            }
+            if progress {
+                eprintln!("{label}: reusing the finished run in {}", cfg.out_dir.display());
+            }
+            return Ok(RunSummary { metrics, evals: run.evals()?, out_dir: cfg.out_dir.clone() });
+        }
+        if progress {
+            eprintln!("{label}: {} holds an unfinished run; starting it again", cfg.out_dir.display());
+        }
+        std::fs::remove_dir_all(&cfg.out_dir).with_context(|| format!("remove {}", cfg.out_dir.display()))?;
+    }
+    let opts = RunOptions { resume: false, progress, label: label.to_string() };
+    crate::train::run(cfg, &opts).with_context(|| label.to_string())
+}
+
+/// The starting checkpoint on the held-out questions, evaluated once and kept in `path`.
+fn evaluate_start(train: &TrainConfig, path: &Path, progress: bool) -> Result<EvalPoint> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let point: EvalPoint = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        return Ok(point);
+    }
     let placement = crate::device::place_with(train.device, train.precision)?;
     let (_vs, model) = load_model(&train.model, placement.device, placement.kind)?;
     let tok = Tokenizer::from_dir(train.tokenizer.as_deref().unwrap_or(&train.model))?;
-    if train.eval_data.is_none() {
-        anyhow::bail!("the experiment needs eval_data (held-out questions)");
-    }
     let (tasks, selection) = held_out(train)?;
     let envs = connect_all(&train.env.0)?;
     let agent = train.agent(train.prompt_template_text()?);
-    Ok(eval_point(&model, &tok, &envs, (&tasks, selection), &agent, false, 0, train.seed)?)
+    let point = eval_point(&model, &tok, &envs, (&tasks, selection), &agent, false, 0, train.seed)?;
+    if progress {
+        eprint!("{}", format_eval_point(&point, &agent));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(&point)?)?;
+    Ok(point)
 }
 
 fn slug(label: &str) -> String {
@@ -160,17 +430,68 @@ pub fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// The 0.975 quantile of Student's t with `df` degrees of freedom (two-sided 95%).
+pub fn t_975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=30 => T[df - 1],
+        // Within 0.002 of the exact quantile above 30 degrees of freedom.
+        _ => 1.960 + 2.5 / df as f64,
+    }
+}
+
+/// Mean of paired differences with its 95% confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PairedDiff {
+    pub n: usize,
+    pub mean: f64,
+    pub lo: f64,
+    pub hi: f64,
+    /// Pairs where the first arm scored higher / lower.
+    pub wins: usize,
+    pub losses: usize,
+}
+
+impl PairedDiff {
+    pub fn of(diffs: &[f64]) -> Self {
+        let (mean, sd) = mean_std(diffs);
+        let half =
+            if diffs.len() > 1 { t_975(diffs.len() - 1) * sd / (diffs.len() as f64).sqrt() } else { f64::INFINITY };
+        PairedDiff {
+            n: diffs.len(),
+            mean,
+            lo: mean - half,
+            hi: mean + half,
+            wins: diffs.iter().filter(|d| **d > 0.0).count(),
+            losses: diffs.iter().filter(|d| **d < 0.0).count(),
+        }
+    }
+}
+
 fn score(report: &EvalReport, source: &str) -> f64 {
     report.get(source).map_or(0.0, |s| s.score)
 }
 
-/// One row of the table: an arm's numbers over its seeds.
+/// The held-out EM of a run at `step` (the last evaluation when `None`).
+fn em_at(run: &ArmRun, step: Option<u64>, source: &str) -> Option<f64> {
+    let p = match step {
+        Some(s) => run.summary.evals.iter().find(|p| p.step == s)?,
+        None => run.summary.evals.last()?,
+    };
+    Some(score(&p.greedy, source))
+}
+
+/// One row of a regime's table: an arm's numbers over its seeds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableRow {
     pub label: String,
     pub budget: f64,
     pub seeds: usize,
-    /// Mean and standard deviation over seeds, per held-out data source (and `all`).
+    /// Final held-out EM, mean and standard deviation over seeds, per data source (and `all`).
     pub em: BTreeMap<String, (f64, f64)>,
     pub tool_calls_per_question: f64,
     /// Measured rollout cost per prompt, averaged over steps and seeds: training rows,
@@ -178,132 +499,302 @@ pub struct TableRow {
     pub trajectories_per_prompt: f64,
     pub generated_tokens_per_prompt: f64,
     pub tool_calls_per_prompt: f64,
+    /// Fraction of prompt groups whose rewards were all equal (zero advantage), over steps.
+    pub zero_advantage_groups: f64,
+    /// Mean distinct trajectories among a tree's leaves (1 for a chain), over steps.
+    pub distinct_leaves_per_tree: f64,
+    /// Training reward over the last half of the steps.
+    pub final_training_reward: f64,
 }
 
-/// Aggregate the runs of each arm (in the config's order).
-pub fn table_rows(results: &ExperimentResults) -> Vec<TableRow> {
-    let sources: Vec<String> = results.start.greedy.keys().cloned().collect();
-    let prompts = results.config.train.prompts_per_step.max(1) as f64;
-    results
-        .config
-        .arms
+/// The held-out data sources of a regime (`all` last).
+fn sources(r: &RegimeResults) -> Vec<String> {
+    let mut s: Vec<String> = r.start.greedy.keys().filter(|k| *k != "all").cloned().collect();
+    s.push("all".into());
+    s
+}
+
+/// Aggregate the runs of each arm of a regime (in the config's order).
+pub fn table_rows(cfg: &ExperimentConfig, r: &RegimeResults) -> Vec<TableRow> {
+    let prompts = cfg.train.prompts_per_step.max(1) as f64;
+    let sources = sources(r);
+    cfg.arms
         .iter()
         .map(|arm| {
             let label = arm.label();
-            let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == label).collect();
-            let finals: Vec<&EvalReport> =
-                runs.iter().filter_map(|r| r.summary.evals.last().map(|p| &p.greedy)).collect();
+            let runs: Vec<&ArmRun> = r.runs.iter().filter(|x| x.arm == label).collect();
             let em = sources
                 .iter()
-                .map(|s| (s.clone(), mean_std(&finals.iter().map(|r| score(r, s)).collect::<Vec<_>>())))
+                .map(|s| (s.clone(), mean_std(&runs.iter().filter_map(|x| em_at(x, None, s)).collect::<Vec<_>>())))
                 .collect();
+            let finals: Vec<&EvalReport> =
+                runs.iter().filter_map(|x| x.summary.evals.last().map(|p| &p.greedy)).collect();
             let tools = mean_std(
-                &finals.iter().map(|r| r.get("all").map_or(0.0, |s| s.tool_calls_per_question)).collect::<Vec<_>>(),
+                &finals.iter().map(|x| x.get("all").map_or(0.0, |s| s.tool_calls_per_question)).collect::<Vec<_>>(),
             )
             .0;
-            let steps: Vec<&StepMetrics> = runs.iter().flat_map(|r| r.summary.metrics.iter()).collect();
-            let per_prompt = |f: &dyn Fn(&StepMetrics) -> f64| {
-                steps.iter().map(|m| f(m)).sum::<f64>() / steps.len().max(1) as f64 / prompts
-            };
+            let steps: Vec<&StepMetrics> = runs.iter().flat_map(|x| x.summary.metrics.iter()).collect();
+            let over_steps =
+                |f: &dyn Fn(&StepMetrics) -> f64| steps.iter().map(|m| f(m)).sum::<f64>() / steps.len().max(1) as f64;
+            let half = cfg.train.steps.div_ceil(2);
+            let tail: Vec<f64> = runs
+                .iter()
+                .map(|x| {
+                    let t: Vec<f64> = x
+                        .summary
+                        .metrics
+                        .iter()
+                        .filter(|m| m.step + half >= cfg.train.steps)
+                        .map(|m| m.reward_mean)
+                        .collect();
+                    mean_std(&t).0
+                })
+                .collect();
             TableRow {
                 label,
                 budget: arm.method.budget(),
                 seeds: finals.len(),
                 em,
                 tool_calls_per_question: tools,
-                trajectories_per_prompt: per_prompt(&|m| m.rows as f64),
-                generated_tokens_per_prompt: per_prompt(&|m| m.generated_tokens as f64),
-                tool_calls_per_prompt: per_prompt(&|m| m.tool_calls as f64),
+                trajectories_per_prompt: over_steps(&|m| m.rows as f64) / prompts,
+                generated_tokens_per_prompt: over_steps(&|m| m.generated_tokens as f64) / prompts,
+                tool_calls_per_prompt: over_steps(&|m| m.tool_calls as f64) / prompts,
+                zero_advantage_groups: over_steps(&|m| m.zero_advantage_groups),
+                distinct_leaves_per_tree: over_steps(&|m| m.distinct_leaves_per_tree),
+                final_training_reward: mean_std(&tail).0,
             }
         })
         .collect()
 }
 
-/// The table as Markdown: EM per held-out source (mean ± std over seeds), tool calls per
-/// question, and what the rollouts cost.
+/// Tree − chain at one budget, per held-out source, at the final evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub budget: f64,
+    pub tree: String,
+    pub chain: String,
+    /// Paired over the seeds both arms finished.
+    pub diff: BTreeMap<String, PairedDiff>,
+    /// The same for every evaluation step: (step, all-source difference).
+    pub by_step: Vec<(u64, PairedDiff)>,
+}
+
+/// Every (tree arm, chain arm) pair of equal budget in a regime.
+pub fn comparisons(cfg: &ExperimentConfig, r: &RegimeResults) -> Vec<Comparison> {
+    let mut out = Vec::new();
+    for tree in cfg.arms.iter().filter(|a| a.is_tree()) {
+        for chain in cfg.arms.iter().filter(|a| !a.is_tree() && a.method.budget() == tree.method.budget()) {
+            let (tl, cl) = (tree.label(), chain.label());
+            let pairs: Vec<(&ArmRun, &ArmRun)> = r
+                .runs
+                .iter()
+                .filter(|x| x.arm == tl)
+                .filter_map(|t| r.runs.iter().find(|c| c.arm == cl && c.seed == t.seed).map(|c| (t, c)))
+                .collect();
+            let diffs = |step: Option<u64>, s: &str| -> Vec<f64> {
+                pairs.iter().filter_map(|(t, c)| Some(em_at(t, step, s)? - em_at(c, step, s)?)).collect()
+            };
+            let diff = sources(r).iter().map(|s| (s.clone(), PairedDiff::of(&diffs(None, s)))).collect();
+            let mut steps: Vec<u64> = pairs.iter().flat_map(|(t, _)| t.summary.evals.iter().map(|p| p.step)).collect();
+            steps.sort_unstable();
+            steps.dedup();
+            let by_step = steps.into_iter().map(|s| (s, PairedDiff::of(&diffs(Some(s), "all")))).collect();
+            out.push(Comparison { budget: tree.method.budget(), tree: tl, chain: cl, diff, by_step });
+        }
+    }
+    out
+}
+
+fn fmt_diff(d: &PairedDiff) -> String {
+    if d.n < 2 {
+        return format!("{:+.3} (n={})", d.mean, d.n);
+    }
+    format!("{:+.3} [{:+.3}, {:+.3}]", d.mean, d.lo, d.hi)
+}
+
+/// The tables of every regime as Markdown.
 pub fn format_table(results: &ExperimentResults) -> String {
-    let sources: Vec<String> = results.start.greedy.keys().filter(|k| *k != "all").cloned().collect();
-    let mut s = String::from("| budget | method | seeds |");
-    for src in &sources {
-        let _ = write!(s, " {src} EM |");
-    }
-    s.push_str(
-        " all EM | tools/question | trajectories/prompt | generated tokens/prompt | tool calls/prompt |\n|---|---|---|",
-    );
-    for _ in 0..sources.len() + 5 {
-        s.push_str("---|");
-    }
-    s.push('\n');
-    let start = &results.start.greedy;
-    let _ = write!(s, "| - | start (before RL) | - |");
-    for src in &sources {
-        let _ = write!(s, " {:.3} |", score(start, src));
-    }
-    let _ = writeln!(
-        s,
-        " {:.3} | {:.2} | - | - | - |",
-        score(start, "all"),
-        start.get("all").map_or(0.0, |x| x.tool_calls_per_question)
-    );
-    for row in table_rows(results) {
-        let _ = write!(s, "| ≈{} | {} | {} |", row.budget, row.label, row.seeds);
-        for src in sources.iter().chain(std::iter::once(&"all".to_string())) {
-            let (m, sd) = row.em.get(src).copied().unwrap_or_default();
-            let _ = write!(s, " {m:.3} ± {sd:.3} |");
+    let cfg = &results.config;
+    let mut s = String::new();
+    for r in &results.regimes {
+        let srcs = sources(r);
+        let _ = writeln!(
+            s,
+            "## Regime `{}`{}\n",
+            r.regime.name,
+            if r.regime.note.is_empty() { String::new() } else { format!(": {}", r.regime.note) }
+        );
+        match &r.sweep {
+            Some(sw) => {
+                let cands: Vec<String> = sw.reward.iter().map(|(lr, x)| format!("{lr:e}: {x:.4}")).collect();
+                let _ = writeln!(
+                    s,
+                    "Learning rate {:e}, chosen on the training reward of the last {} steps (sweep: {}).\n",
+                    r.lr,
+                    sw.judged_steps,
+                    cands.join(", ")
+                );
+            }
+            None => {
+                let _ = writeln!(s, "Learning rate {:e} (no sweep).\n", r.lr);
+            }
+        }
+        s.push_str("| budget | method | seeds |");
+        for src in &srcs {
+            let _ = write!(s, " {src} EM |");
+        }
+        s.push_str(" tools/question | train reward (last half) | zero-adv. groups | distinct leaves/tree | trajectories/prompt | generated tokens/prompt | tool calls/prompt |\n|---|---|---|");
+        for _ in 0..srcs.len() + 7 {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        let _ = write!(s, "| - | start (before RL) | - |");
+        for src in &srcs {
+            let _ = write!(s, " {:.3} |", score(&r.start.greedy, src));
         }
         let _ = writeln!(
             s,
-            " {:.2} | {:.2} | {:.0} | {:.2} |",
-            row.tool_calls_per_question,
-            row.trajectories_per_prompt,
-            row.generated_tokens_per_prompt,
-            row.tool_calls_per_prompt
+            " {:.2} | - | - | - | - | - | - |",
+            r.start.greedy.get("all").map_or(0.0, |x| x.tool_calls_per_question)
         );
+        for row in table_rows(cfg, r) {
+            let _ = write!(s, "| ≈{} | {} | {} |", row.budget, row.label, row.seeds);
+            for src in &srcs {
+                let (m, sd) = row.em.get(src).copied().unwrap_or_default();
+                let _ = write!(s, " {m:.3} ± {sd:.3} |");
+            }
+            let _ = writeln!(
+                s,
+                " {:.2} | {:.3} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |",
+                row.tool_calls_per_question,
+                row.final_training_reward,
+                row.zero_advantage_groups,
+                row.distinct_leaves_per_tree,
+                row.trajectories_per_prompt,
+                row.generated_tokens_per_prompt,
+                row.tool_calls_per_prompt
+            );
+        }
+        s.push_str("\nPaired difference tree − chain of final held-out EM, mean [95% CI] over seeds (wins/losses):\n\n| budget | tree | chain | pairs |");
+        for src in &srcs {
+            let _ = write!(s, " {src} |");
+        }
+        s.push_str("\n|---|---|---|---|");
+        for _ in &srcs {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for c in comparisons(cfg, r) {
+            let n = c.diff.get("all").map_or(0, |d| d.n);
+            let _ = write!(s, "| ≈{} | {} | {} | {n} |", c.budget, c.tree, c.chain);
+            for src in &srcs {
+                match c.diff.get(src) {
+                    Some(d) => {
+                        let _ = write!(s, " {} ({}/{}) |", fmt_diff(d), d.wins, d.losses);
+                    }
+                    None => s.push_str(" - |"),
+                }
+            }
+            s.push('\n');
+        }
+        s.push('\n');
     }
     s
 }
 
-/// `table.md`, `results.json`, `em_vs_step.svg` and `reward_vs_step.svg` (means over seeds).
+/// Per evaluation step, the mean over seeds of each arm's held-out EM (the start at step 0).
+fn em_series(cfg: &ExperimentConfig, r: &RegimeResults) -> Vec<(String, Vec<(f64, f64)>)> {
+    cfg.arms
+        .iter()
+        .map(|arm| {
+            let label = arm.label();
+            let mut by: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+            by.entry(0).or_default().push(score(&r.start.greedy, "all"));
+            for x in r.runs.iter().filter(|x| x.arm == label) {
+                for p in &x.summary.evals {
+                    by.entry(p.step).or_default().push(score(&p.greedy, "all"));
+                }
+            }
+            (label, by.into_iter().map(|(k, v)| (k as f64, mean_std(&v).0)).collect())
+        })
+        .collect()
+}
+
+/// Per step, the mean over seeds of a step metric of each arm.
+fn step_series(
+    cfg: &ExperimentConfig,
+    r: &RegimeResults,
+    f: fn(&StepMetrics) -> f64,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    cfg.arms
+        .iter()
+        .map(|arm| {
+            let label = arm.label();
+            let mut by: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+            for x in r.runs.iter().filter(|x| x.arm == label) {
+                for m in &x.summary.metrics {
+                    by.entry(m.step + 1).or_default().push(f(m));
+                }
+            }
+            (label, by.into_iter().map(|(k, v)| (k as f64, mean_std(&v).0)).collect())
+        })
+        .collect()
+}
+
+/// The plots of each regime, by file name.
+const PLOTS: [&str; 3] = ["em_vs_step.svg", "reward_vs_step.svg", "zero_advantage_vs_step.svg"];
+
+/// `table.md`, `results.json`, and per regime `<regime>-em_vs_step.svg`,
+/// `<regime>-reward_vs_step.svg` and `<regime>-zero_advantage_vs_step.svg` (means over seeds).
 pub fn write_outputs(results: &ExperimentResults, out: &Path) -> Result<()> {
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(results)?)?;
     std::fs::write(out.join("table.md"), format_table(results))?;
-    let mut em_series = Vec::new();
-    let mut reward_series = Vec::new();
-    for arm in &results.config.arms {
-        let label = arm.label();
-        let runs: Vec<&ArmRun> = results.runs.iter().filter(|r| r.arm == label).collect();
-        let mut em: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        em.entry(0).or_default().push(score(&results.start.greedy, "all"));
-        let mut reward: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        for r in &runs {
-            for p in &r.summary.evals {
-                em.entry(p.step).or_default().push(score(&p.greedy, "all"));
-            }
-            for m in &r.summary.metrics {
-                reward.entry(m.step + 1).or_default().push(m.reward_mean);
-            }
+    let cfg = &results.config;
+    for r in &results.regimes {
+        let name = &r.regime.name;
+        let charts = [
+            (format!("{name}: held-out EM (greedy, mean over seeds)"), em_series(cfg, r)),
+            (format!("{name}: training reward (mean over seeds)"), step_series(cfg, r, |m| m.reward_mean)),
+            (
+                format!("{name}: fraction of groups with equal rewards (mean over seeds)"),
+                step_series(cfg, r, |m| m.zero_advantage_groups),
+            ),
+        ];
+        for (file, (title, series)) in PLOTS.iter().zip(charts) {
+            let series: Vec<(&str, Vec<(f64, f64)>)> = series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
+            std::fs::write(
+                out.join(format!("{name}-{file}")),
+                crate::plots::multi_line_chart(&title, "training step", &series),
+            )?;
         }
-        let mean = |m: BTreeMap<u64, Vec<f64>>| -> Vec<(f64, f64)> {
-            m.into_iter().map(|(k, v)| (k as f64, mean_std(&v).0)).collect()
-        };
-        em_series.push((label.clone(), mean(em)));
-        reward_series.push((label, mean(reward)));
     }
-    let em_series: Vec<(&str, Vec<(f64, f64)>)> = em_series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
-    let reward_series: Vec<(&str, Vec<(f64, f64)>)> =
-        reward_series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
-    std::fs::write(
-        out.join("em_vs_step.svg"),
-        crate::plots::multi_line_chart("held-out EM (greedy, mean over seeds)", "training step", &em_series),
-    )?;
-    std::fs::write(
-        out.join("reward_vs_step.svg"),
-        crate::plots::multi_line_chart("training reward (mean over seeds)", "training step", &reward_series),
-    )?;
     Ok(())
 }
 
 /// Where the experiment writes, for printing.
-pub fn outputs(out: &Path) -> [PathBuf; 4] {
-    ["table.md", "results.json", "em_vs_step.svg", "reward_vs_step.svg"].map(|f| out.join(f))
+pub fn outputs(cfg: &ExperimentConfig) -> Vec<PathBuf> {
+    let out = &cfg.train.out_dir;
+    let mut v = vec![out.join("table.md"), out.join("results.json")];
+    for r in cfg.regimes() {
+        v.extend(PLOTS.iter().map(|f| out.join(format!("{}-{f}", r.name))));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paired_differences_have_t_intervals() {
+        // Five pairs: mean 0.02, sd 0.01581, half-width t(4) 2.776 x sd / sqrt(5) = 0.01963.
+        let d = PairedDiff::of(&[0.01, 0.02, 0.03, 0.0, 0.04]);
+        assert!((d.mean - 0.02).abs() < 1e-12);
+        assert!((d.hi - d.mean - 2.776 * 0.0158113883 / 5f64.sqrt()).abs() < 1e-6, "{d:?}");
+        assert_eq!((d.wins, d.losses, d.n), (4, 0, 5));
+        let one = PairedDiff::of(&[0.1]);
+        assert!(one.hi.is_infinite() && one.lo.is_infinite(), "one pair has no interval");
+        assert_eq!(t_975(1), 12.706);
+        assert!((t_975(40) - 2.021).abs() < 0.002 && (t_975(120) - 1.980).abs() < 0.002);
+    }
 }

@@ -136,7 +136,7 @@ impl Ctx {
     }
 
     /// Setup (libtorch, assets), build the binaries, create `out`.
-    fn prepare(root: &Path, out: &Path, release: bool) -> Result<Ctx> {
+    pub(crate) fn prepare(root: &Path, out: &Path, release: bool) -> Result<Ctx> {
         let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
         util::banner("setup: libtorch and assets");
         crate::libtorch::ensure(root, crate::libtorch::Variant::Cpu)?;
@@ -152,7 +152,7 @@ impl Ctx {
     }
 
     /// Run `trainer` in the output folder.
-    fn trainer(&self, args: &[&str]) -> Result<()> {
+    pub(crate) fn trainer(&self, args: &[&str]) -> Result<()> {
         util::run_cmd(Command::new(&self.trainer).args(args).current_dir(&self.out))
     }
 
@@ -176,6 +176,14 @@ impl Ctx {
     /// scratch, SFT: writes `<out>/sft`.
     pub(crate) fn warm_start(&self, env: &str, passes: usize, epochs: usize) -> Result<()> {
         util::banner("warm start: scripted agent through the env-server, BPE tokenizer, small Qwen2, SFT");
+        self.play(env, passes)?;
+        self.init_small()?;
+        self.sft_small("sft", epochs)
+    }
+
+    /// The scripted agent plays every training question `passes` times through the env-server:
+    /// `<out>/warm.jsonl`.
+    pub(crate) fn play(&self, env: &str, passes: usize) -> Result<()> {
         let passes = passes.to_string();
         self.trainer(&[
             "warmstart",
@@ -193,7 +201,11 @@ impl Ctx {
             "0.1",
             "--out",
             "warm.jsonl",
-        ])?;
+        ])
+    }
+
+    /// A BPE tokenizer and a small Qwen2 with random weights: `<out>/init`.
+    pub(crate) fn init_small(&self) -> Result<()> {
         self.trainer(&[
             "init-small",
             "--corpus",
@@ -206,7 +218,11 @@ impl Ctx {
             "init",
             "--vocab",
             "2048",
-        ])?;
+        ])
+    }
+
+    /// SFT of `<out>/init` on `<out>/warm.jsonl` for `epochs`: `<out>/<name>`.
+    pub(crate) fn sft_small(&self, name: &str, epochs: usize) -> Result<()> {
         let epochs = epochs.to_string();
         self.trainer(&[
             "sft",
@@ -215,7 +231,7 @@ impl Ctx {
             "--data",
             "warm.jsonl",
             "--out",
-            "sft",
+            name,
             "--epochs",
             &epochs,
             "--lr",
@@ -289,6 +305,7 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
 fn demo_train_config(env: &str, args: &DemoArgs) -> String {
     format!(
         r#"# Written by `cargo xtask demo`.
+model = "sft"
 {world}
 out_dir = "rl"
 steps = {steps}
@@ -307,12 +324,11 @@ save_every = 0
     )
 }
 
-/// The `trainer train` keys naming the warm-started policy, the env-server and the world's files
-/// (paths relative to the demo or experiment folder).
-fn world_keys(env: &str) -> String {
+/// The `trainer train` keys naming the env-server and the world's files (paths relative to the
+/// demo or experiment folder).
+pub(crate) fn world_keys(env: &str) -> String {
     format!(
-        r#"model = "sft"
-env = "{env}"
+        r#"env = "{env}"
 train_data = "world/train.jsonl"
 eval_data = "world/test.jsonl"
 prompt_template = "world/prompt.txt"
@@ -320,7 +336,7 @@ data_source = "synthetic""#
     )
 }
 
-/// RL settings for the small synthetic-world policy, shared by the demo and the experiment.
+/// RL settings of the demo's small synthetic-world policy.
 pub const RL_SETTINGS: &str = "lr = 3e-4
 warmup_ratio = 0.0
 max_turns = 4
@@ -335,69 +351,3 @@ mini_batches = 4
 kl_coef = 0.001
 entropy_coef = 0.0
 topk = 1";
-
-/// Knobs of `cargo xtask experiment`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExperimentArgs {
-    /// Where everything is written; a warm start already there (`sft/`, `world/`) is reused.
-    #[arg(long, default_value = "runs/experiment")]
-    pub out: PathBuf,
-    /// Training steps of every arm.
-    #[arg(long, default_value_t = 12)]
-    pub steps: u64,
-    #[arg(long, default_value_t = 16)]
-    pub prompts: usize,
-    /// Comma-separated seeds.
-    #[arg(long, default_value = "0,1,2")]
-    pub seeds: String,
-    /// Held-out questions per hop count.
-    #[arg(long, default_value_t = 100)]
-    pub test_questions: usize,
-    #[arg(long)]
-    pub release: bool,
-}
-
-/// Chain GRPO against Tree-GRPO at budgets 2 and 4 from one warm start, several seeds each.
-pub fn experiment(root: &Path, args: &ExperimentArgs) -> Result<()> {
-    let ctx = Ctx::prepare(root, &args.out, args.release)?;
-    let server = ctx.world_server(args.test_questions)?;
-    if !ctx.out.join("sft/model.safetensors").exists() {
-        ctx.warm_start(&server.url, 3, 4)?;
-    }
-    let config = format!(
-        r#"# Written by `cargo xtask experiment`.
-seeds = [{seeds}]
-
-[train]
-{world}
-out_dir = "experiment"
-steps = {steps}
-prompts_per_step = {prompts}
-{common}
-eval_every = {eval_every}
-eval_sampled = false
-save_every = 0
-
-[[arms]]
-method = {{ kind = "chain", n = 2 }}
-
-[[arms]]
-method = {{ kind = "tree", m = 1, n = 2, l = 1, k = 3 }}
-
-[[arms]]
-method = {{ kind = "chain", n = 4 }}
-
-[[arms]]
-method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
-"#,
-        seeds = args.seeds,
-        world = world_keys(&server.url),
-        steps = args.steps,
-        prompts = args.prompts,
-        common = RL_SETTINGS,
-        eval_every = (args.steps / 3).max(1),
-    );
-    std::fs::write(ctx.out.join("experiment.toml"), config)?;
-    util::banner("experiment: chain GRPO against Tree-GRPO at budgets 2 and 4");
-    ctx.trainer(&["experiment", "--config", "experiment.toml"])
-}

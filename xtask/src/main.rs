@@ -6,6 +6,7 @@
 mod assets;
 mod bench;
 mod demo;
+mod experiment;
 mod fuzz;
 mod gpu;
 mod libtorch;
@@ -60,9 +61,11 @@ enum Command {
     /// on a synthetic multi-hop world (EM before and after), then SmolLM2 as a ReAct agent on
     /// FanOutQA over mini-Wikipedia.
     Demo(demo::DemoArgs),
-    /// Chain GRPO against Tree-GRPO at equal budget (2 and 4), 3 seeds each, from one warm start
-    /// on the synthetic world; prints and saves the table and plots.
-    Experiment(demo::ExperimentArgs),
+    /// Chain GRPO against Tree-GRPO at equal budget (2 and 4), from a strong and a weak warm start
+    /// on the synthetic world: learning-rate sweep on the training reward, 5 paired seeds, paired
+    /// differences with 95% intervals, table and plots. Resumes where it stopped; --quick checks
+    /// the whole path in a few minutes.
+    Experiment(experiment::ExperimentArgs),
     /// Build the env-server in release and soak it: ~1,000 live episodes stepping and forking for
     /// --minutes, RSS and latency printed over time; fails if RSS is not flat after warm-up.
     Soak(soak::SoakArgs),
@@ -93,7 +96,7 @@ fn main() -> Result<()> {
         Command::Assets { force } => assets::ensure_all(force)?,
         Command::Test { no_lint, cargo_test_args } => test(&root, no_lint, &cargo_test_args)?,
         Command::Demo(args) => demo::run(&root, &args)?,
-        Command::Experiment(args) => demo::experiment(&root, &args)?,
+        Command::Experiment(args) => experiment::run(&root, &args)?,
         Command::Soak(args) => soak::run(&root, &args)?,
         Command::Bench(args) => bench::run(&root, &args)?,
         Command::Fuzz(args) => fuzz::run(&root, &args)?,

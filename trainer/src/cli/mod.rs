@@ -218,7 +218,9 @@ impl TrainArgs {
 
 #[derive(Debug, Args)]
 struct ExperimentArgs {
-    /// The experiment's TOML (`[train]`, `seeds`, `[[arms]]`); default: the grid.
+    /// The experiment's TOML (`[train]`, `seeds`, `[[arms]]`, `[[regimes]]`, `[lr_sweep]`);
+    /// default: the grid. Finished runs in the output folder are reused, so running the
+    /// same command again resumes an interrupted experiment.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Starting checkpoint (overrides `train.model`).
@@ -270,7 +272,7 @@ impl ExperimentArgs {
         }
         let results = run_experiment(&cfg, true)?;
         print!("{}", format_table(&results));
-        for p in outputs(&cfg.train.out_dir) {
+        for p in outputs(&cfg) {
             println!("wrote {}", p.display());
         }
         Ok(())

@@ -1,0 +1,174 @@
+//! `cargo xtask experiment`: chain GRPO against Tree-GRPO at budgets about 2 and 4, from a strong
+//! and a weak warm start of the small synthetic-world policy, with a learning-rate sweep judged
+//! on the training reward, paired seeds and confidence intervals (`trainer experiment` does the
+//! runs and the statistics). Every finished run is reused, so the same command resumes an
+//! interrupted experiment; `--quick` is a small check of the whole path.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use crate::demo::{Ctx, world_keys};
+use crate::util;
+
+/// Knobs of `cargo xtask experiment`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExperimentArgs {
+    /// Where everything is written (default `runs/experiment`, or `runs/experiment-quick`). Its
+    /// finished runs, world and warm starts are reused.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// A check of the whole path that fits in a few minutes: a small world, 2 steps of 4 prompts,
+    /// 2 seeds, 2 candidate learning rates.
+    #[arg(long)]
+    pub quick: bool,
+    /// Training steps of every arm (and of every sweep run).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Prompts per step.
+    #[arg(long)]
+    pub prompts: Option<usize>,
+    /// Comma-separated seeds, paired across arms.
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// Comma-separated candidate learning rates of the sweep.
+    #[arg(long)]
+    pub lrs: Option<String>,
+    /// SFT epochs of the strong and of the weak warm start.
+    #[arg(long, default_value_t = 4)]
+    pub strong_epochs: usize,
+    #[arg(long, default_value_t = 2)]
+    pub weak_epochs: usize,
+    /// Held-out questions per hop count.
+    #[arg(long)]
+    pub test_questions: Option<usize>,
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// The settings of a full or a quick experiment.
+struct Plan {
+    out: PathBuf,
+    steps: u64,
+    prompts: usize,
+    seeds: String,
+    lrs: String,
+    test_questions: usize,
+    train_questions: usize,
+    passes: usize,
+}
+
+impl Plan {
+    fn of(args: &ExperimentArgs) -> Plan {
+        let (out, steps, prompts, seeds, lrs, test, train, passes) = if args.quick {
+            ("runs/experiment-quick", 2, 4, "0,1", "3e-4,1e-3", 10, 40, 1)
+        } else {
+            ("runs/experiment", 20, 16, "0,1,2,3,4", "1e-4,3e-4,1e-3", 100, 200, 3)
+        };
+        Plan {
+            out: args.out.clone().unwrap_or_else(|| PathBuf::from(out)),
+            steps: args.steps.unwrap_or(steps),
+            prompts: args.prompts.unwrap_or(prompts),
+            seeds: args.seeds.clone().unwrap_or_else(|| seeds.into()),
+            lrs: args.lrs.clone().unwrap_or_else(|| lrs.into()),
+            test_questions: args.test_questions.unwrap_or(test),
+            train_questions: train,
+            passes,
+        }
+    }
+}
+
+/// The experiment's TOML: the spec's settings where they translate to this small policy
+/// (T = 1, top-p 0.95, k3 KL 0.001, entropy 0.001, each method's warm-up ratio).
+fn config(env: &str, plan: &Plan, args: &ExperimentArgs) -> String {
+    format!(
+        r#"# Written by `cargo xtask experiment`.
+seeds = [{seeds}]
+
+[train]
+model = "sft-strong"
+{world}
+out_dir = "experiment"
+steps = {steps}
+prompts_per_step = {prompts}
+max_turns = 4
+max_obs_tokens = 200
+max_new_tokens = 48
+max_response_tokens = 1024
+max_context = 2048
+temperature = 1.0
+top_p = 0.95
+micro_batch = 8
+mini_batches = 4
+kl_coef = 0.001
+entropy_coef = 0.001
+topk = 1
+eval_every = {eval_every}
+eval_sampled = false
+save_every = 0
+
+[lr_sweep]
+lrs = [{lrs}]
+seeds = [1000]
+judge_last = 0.5
+
+[[regimes]]
+name = "strong"
+model = "sft-strong"
+note = "SFT {strong} epochs on the scripted trajectories"
+
+[[regimes]]
+name = "weak"
+model = "sft-weak"
+note = "SFT {weak} epochs on the scripted trajectories"
+
+[[arms]]
+method = {{ kind = "chain", n = 2 }}
+
+[[arms]]
+method = {{ kind = "tree", m = 1, n = 2, l = 1, k = 3 }}
+
+[[arms]]
+method = {{ kind = "chain", n = 4 }}
+
+[[arms]]
+method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
+"#,
+        seeds = plan.seeds,
+        world = world_keys(env),
+        steps = plan.steps,
+        prompts = plan.prompts,
+        eval_every = (plan.steps / 4).max(1),
+        lrs = plan.lrs,
+        strong = args.strong_epochs,
+        weak = args.weak_epochs,
+    )
+}
+
+/// Chain GRPO against Tree-GRPO at budgets 2 and 4, from a strong and a weak warm start.
+pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
+    let plan = Plan::of(args);
+    let ctx = Ctx::prepare(root, &plan.out, args.release)?;
+    if !ctx.out.join("world/world.toml").exists() {
+        util::banner("synthetic world: corpus, training and held-out 2/3-hop questions");
+        let (train, test) = (plan.train_questions.to_string(), plan.test_questions.to_string());
+        ctx.trainer(&["world", "--out", "world", "--train", &train, "--test", &test])?;
+    }
+    let server = ctx.world_server(plan.test_questions)?;
+    if !ctx.out.join("warm.jsonl").exists() {
+        util::banner("warm start: scripted agent through the env-server");
+        ctx.play(&server.url, plan.passes)?;
+    }
+    if !ctx.out.join("init/model.safetensors").exists() {
+        ctx.init_small()?;
+    }
+    for (name, epochs) in [("sft-strong", args.strong_epochs), ("sft-weak", args.weak_epochs)] {
+        if !ctx.out.join(name).join("model.safetensors").exists() {
+            util::banner(&format!("warm start `{name}`: SFT {epochs} epochs"));
+            ctx.sft_small(name, epochs)?;
+        }
+    }
+    std::fs::write(ctx.out.join("experiment.toml"), config(&server.url, &plan, args))?;
+    util::banner("experiment: chain GRPO against Tree-GRPO at budgets 2 and 4, strong and weak start");
+    ctx.trainer(&["experiment", "--config", "experiment.toml"])
+}
