@@ -52,7 +52,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         },
         seeds: vec![0, 1],
         arms: vec![Arm::new(Method::chain(2)), Arm::new(Method::tree(1, 2, 1, 3))],
-        regimes: vec![Regime { name: "start".into(), model: model.clone(), note: "random init".into() }],
+        regimes: vec![Regime { name: "start".into(), model, note: "random init".into() }],
         lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
     };
     let results = run_experiment(&cfg, false).unwrap();
@@ -134,7 +134,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let again = run_experiment(&cfg, false).unwrap();
     assert!(out.join("start/chain-n-2/seed-1/eval-1.json").exists());
     assert_eq!(again.regimes[0].runs.len(), 4);
-    let mut other = cfg.clone();
+    let mut other = cfg;
     other.train.kl_coef = 0.5;
     let e = format!("{:#}", run_experiment(&other, false).unwrap_err());
     assert!(e.contains("other settings"), "{e}");

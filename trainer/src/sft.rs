@@ -146,13 +146,16 @@ pub struct SftConfig {
     pub lr: f64,
     /// Trajectories per optimiser step.
     pub batch: usize,
+    /// Measure the action NLL over the data before and after (two passes without grad).
+    pub measure_nll: bool,
 }
 
-/// What an SFT run did: the action NLL before and after, and each epoch's mean step loss.
+/// What an SFT run did: the action NLL before and after (when measured), and each epoch's mean
+/// step loss.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SftReport {
-    pub nll_before: f64,
-    pub nll_after: f64,
+    pub nll_before: Option<f64>,
+    pub nll_after: Option<f64>,
     pub epoch_losses: Vec<f64>,
 }
 
@@ -171,7 +174,8 @@ pub fn train(
     cfg: SftConfig,
     on_progress: &mut dyn FnMut(SftProgress),
 ) -> SftReport {
-    let nll_before = evaluate_nll(model, rows, cfg.batch);
+    let nll = |model| cfg.measure_nll.then(|| evaluate_nll(model, rows, cfg.batch));
+    let nll_before = nll(model);
     let mut epoch_losses = Vec::with_capacity(cfg.epochs);
     for epoch in 0..cfg.epochs {
         let mut on_step = |loss: f64| on_progress(SftProgress::Step { epoch, loss });
@@ -180,7 +184,7 @@ pub fn train(
         on_progress(SftProgress::EpochDone { epoch, mean_loss });
         epoch_losses.push(mean_loss);
     }
-    SftReport { nll_before, nll_after: evaluate_nll(model, rows, cfg.batch), epoch_losses }
+    SftReport { nll_before, nll_after: nll(model), epoch_losses }
 }
 
 /// Optimiser steps of one epoch over `rows` in batches of `batch`.

@@ -33,7 +33,7 @@ impl Default for WarmStart {
             script: ScriptConfig { early_answer: 0.3, vague_query: 0.1, topk: Some(1), ..ScriptConfig::default() },
             vocab: 2048,
             model: SmallModel::default(),
-            sft: SftConfig { epochs: 3, lr: 2e-3, batch: 4 },
+            sft: SftConfig { epochs: 3, lr: 2e-3, batch: 4, measure_nll: true },
             seed: 0,
         }
     }
@@ -47,7 +47,7 @@ impl WarmStart {
             passes: 3,
             vocab: 700,
             model: SmallModel { hidden: 64, layers: 2, heads: 4, kv_heads: 2, intermediate: 128 },
-            sft: SftConfig { epochs: 12, lr: 5e-3, batch: 8 },
+            sft: SftConfig { epochs: 12, lr: 5e-3, batch: 8, measure_nll: true },
             ..Self::default()
         }
     }

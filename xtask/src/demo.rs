@@ -1,9 +1,10 @@
 //! `cargo xtask demo`: the whole system on a laptop. Sets up what is missing, builds the two
 //! binaries, writes a synthetic multi-hop world, serves it with an env-server, warm-starts a small
 //! policy trained from scratch (BPE tokenizer, Qwen2 model, scripted trajectories, SFT), runs a
-//! short Tree-GRPO training with evaluation before and after, then evaluates the real
-//! SmolLM2-135M-Instruct as a ReAct agent on the FanOutQA questions the mini-Wikipedia corpus
-//! answers, through an env-server over that corpus.
+//! short Tree-GRPO training with evaluation before and after, then shows the real
+//! SmolLM2-135M-Instruct learning to search the same world: held-out EM before and after a short
+//! SFT on scripted trajectories played through the env-server. `--full` also evaluates SmolLM2 as
+//! a ReAct agent on the FanOutQA questions the mini-Wikipedia corpus answers.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -35,12 +36,21 @@ pub struct DemoArgs {
     /// Held-out questions per hop count (2 and 3 hops).
     #[arg(long, default_value_t = 50)]
     pub test_questions: usize,
-    /// FanOutQA questions for the SmolLM2 evaluation (default: all answerable ones).
-    #[arg(long)]
-    pub smollm2_questions: Option<usize>,
-    /// Skip the SmolLM2 evaluation.
+    /// Held-out questions SmolLM2 is evaluated on before and after its warm start (a seeded
+    /// sample of the world's held-out questions, the same before and after).
+    #[arg(long, default_value_t = 60)]
+    pub smollm2_questions: usize,
+    /// Scripted trajectories (a seeded sample of one pass over the training questions) that
+    /// SmolLM2 is fine-tuned on.
+    #[arg(long, default_value_t = 96)]
+    pub smollm2_trajectories: usize,
+    /// Skip SmolLM2.
     #[arg(long)]
     pub skip_smollm2: bool,
+    /// Also evaluate SmolLM2 as a ReAct agent on FanOutQA over mini-Wikipedia (a few more
+    /// minutes).
+    #[arg(long)]
+    pub full: bool,
     /// Build with `--release` (slower to build, faster to run).
     #[arg(long)]
     pub release: bool,
@@ -254,13 +264,15 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     std::fs::write(out.join("train.toml"), config)?;
     let _ = std::fs::remove_dir_all(out.join("rl"));
     ctx.trainer(&["train", "--config", "train.toml"])?;
-    drop(server);
     let run = grove_rundir::RunDir::new(out.join("rl"));
     let before = run.eval(0)?.greedy;
     let after = run.eval(args.steps)?.greedy;
 
-    let mut smol = None;
-    if !args.skip_smollm2 {
+    let smol = if args.skip_smollm2 { None } else { Some(smollm2_learns(&ctx, &server.url, args)?) };
+    drop(server);
+
+    let mut fanout = None;
+    if args.full && !args.skip_smollm2 {
         util::banner("SmolLM2-135M-Instruct as a ReAct agent on FanOutQA (mini-Wikipedia env-server)");
         let hf = smollm2_hf(&ctx.trainer)?;
         let corpus = grove_datasets::assets::wiki_summaries_corpus();
@@ -274,11 +286,8 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
             .args(["--data-source", "fanoutqa", "--only", "answer_in_passage", "--max-turns", "3"])
             .args(["--max-new-tokens", "64", "--json"])
             .arg(out.join("smollm2-fanoutqa.json"));
-        if let Some(n) = args.smollm2_questions {
-            cmd.args(["--max-questions", &n.to_string()]);
-        }
         util::run_cmd(cmd.current_dir(out))?;
-        smol = read_eval_json(&out.join("smollm2-fanoutqa.json"))?.remove("all");
+        fanout = read_eval_json(&out.join("smollm2-fanoutqa.json"))?.remove("all");
     }
 
     util::banner("demo summary");
@@ -288,9 +297,28 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         let (a, tools) = after.get(src).map_or((0.0, 0.0), |s| (s.score, s.tool_calls_per_question));
         println!("  {src:<18} {:>8.3} {a:>8.3} {tools:>16.2}", b.score);
     }
-    if let Some(s) = smol {
+    if let Some((before, after)) = &smol {
         println!(
-            "SmolLM2-135M-Instruct ReAct on {} answerable FanOutQA questions: EM {:.3}, {:.2} tool calls per question",
+            "SmolLM2-135M-Instruct on held-out synthetic questions it was not trained on, greedy EM, before and after \
+             SFT on {} scripted trajectories:",
+            args.smollm2_trajectories
+        );
+        println!(
+            "  {:<18} {:>9} {:>8} {:>8} {:>15} {:>14}",
+            "data source", "questions", "before", "after", "tools/q before", "tools/q after"
+        );
+        for (src, b) in before {
+            let a = after.get(src).cloned().unwrap_or_default();
+            println!(
+                "  {src:<18} {:>9} {:>8.3} {:>8.3} {:>15.2} {:>14.2}",
+                b.questions, b.score, a.score, b.tool_calls_per_question, a.tool_calls_per_question
+            );
+        }
+    }
+    if let Some(s) = fanout {
+        println!(
+            "SmolLM2-135M-Instruct ReAct (no fine-tuning) on {} answerable FanOutQA questions: EM {:.3}, {:.2} tool \
+             calls per question",
             s.questions, s.score, s.tool_calls_per_question
         );
     }
@@ -299,6 +327,90 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     println!("checkpoint: {}", checkpoint.display());
     println!("demo took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     Ok(())
+}
+
+/// SmolLM2-135M-Instruct learns to search the synthetic world: evaluated on a seeded sample of
+/// the held-out questions, fine-tuned on scripted trajectories played through the env-server
+/// over the training questions (no imperfections), evaluated again on the same sample. Nothing
+/// is chosen on the held-out questions. Returns the evaluations before and after.
+fn smollm2_learns(
+    ctx: &Ctx,
+    env: &str,
+    args: &DemoArgs,
+) -> Result<(grove_rundir::EvalReport, grove_rundir::EvalReport)> {
+    util::banner("SmolLM2-135M-Instruct on the synthetic world: held-out EM before and after a short SFT");
+    let hf = smollm2_hf(&ctx.trainer)?;
+    let hf = hf.to_str().context("SmolLM2 folder path is not UTF-8")?;
+    ctx.trainer(&[
+        "warmstart",
+        "--env",
+        env,
+        "--world",
+        "world",
+        "--passes",
+        "1",
+        "--topk",
+        "1",
+        "--early-answer",
+        "0",
+        "--vague-query",
+        "0",
+        "--seed",
+        "1",
+        "--out",
+        "smollm2-trajectories.jsonl",
+    ])?;
+    let questions = args.smollm2_questions.to_string();
+    let evaluate = |model: &str, json: &str| -> Result<grove_rundir::EvalReport> {
+        ctx.trainer(&[
+            "eval",
+            "--model",
+            model,
+            "--env",
+            env,
+            "--data",
+            "world/test.jsonl",
+            "--data-source",
+            "synthetic",
+            "--prompt-template",
+            "world/prompt.txt",
+            "--max-turns",
+            "4",
+            "--max-new-tokens",
+            "48",
+            "--topk",
+            "1",
+            "--max-questions",
+            &questions,
+            "--sample-seed",
+            "0",
+            "--json",
+            json,
+        ])?;
+        read_eval_json(&ctx.out.join(json))
+    };
+    let before = evaluate(hf, "smollm2-before.json")?;
+    let trajectories = args.smollm2_trajectories.to_string();
+    ctx.trainer(&[
+        "sft",
+        "--model",
+        hf,
+        "--data",
+        "smollm2-trajectories.jsonl",
+        "--max-trajectories",
+        &trajectories,
+        "--epochs",
+        "1",
+        "--lr",
+        "5e-5",
+        "--batch",
+        "8",
+        "--no-nll",
+        "--out",
+        "smollm2-sft",
+    ])?;
+    let after = evaluate("smollm2-sft", "smollm2-after.json")?;
+    Ok((before, after))
 }
 
 /// The `trainer train` configuration of the demo's RL run.

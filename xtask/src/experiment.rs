@@ -138,7 +138,7 @@ method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
         world = world_keys(env),
         steps = plan.steps,
         prompts = plan.prompts,
-        eval_every = (plan.steps / 4).max(1),
+        eval_every = (plan.steps / 2).max(1),
         lrs = plan.lrs,
         strong = args.strong_epochs,
         weak = args.weak_epochs,

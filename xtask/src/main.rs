@@ -58,8 +58,9 @@ enum Command {
     /// Print the environment the build uses (for shells and IDEs).
     Env,
     /// The main job on embedded defaults: a small policy warm-started and trained with Tree-GRPO
-    /// on a synthetic multi-hop world (EM before and after), then SmolLM2 as a ReAct agent on
-    /// FanOutQA over mini-Wikipedia.
+    /// on a synthetic multi-hop world (EM before and after), then SmolLM2-135M-Instruct learning
+    /// to search that world (held-out EM before and after a short SFT); --full adds SmolLM2 as a
+    /// ReAct agent on FanOutQA over mini-Wikipedia.
     Demo(demo::DemoArgs),
     /// Chain GRPO against Tree-GRPO at equal budget (2 and 4), from a strong and a weak warm start
     /// on the synthetic world: learning-rate sweep on the training reward, 5 paired seeds, paired

@@ -398,15 +398,35 @@ struct SftArgs {
     /// Trajectories per optimiser step.
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// Train on a seeded random sample of this many trajectories (default: all of them).
+    #[arg(long)]
+    max_trajectories: Option<usize>,
+    /// Seed of that sample.
+    #[arg(long, default_value_t = 0)]
+    sample_seed: u64,
+    /// Skip measuring the action NLL before and after (two passes over the data without grad).
+    #[arg(long)]
+    no_nll: bool,
 }
 
 impl SftArgs {
     fn run(self) -> Result<()> {
         use grove_trainer::sft::{SftConfig, SftProgress, load_trajectories, steps_per_epoch, tokenize, train};
         let l = self.model.load()?;
-        let rows = load_trajectories(&self.data)?.iter().map(|t| tokenize(&l.tok, t)).collect::<Result<Vec<_>, _>>()?;
+        let mut trajectories = load_trajectories(&self.data)?;
+        let total = trajectories.len();
+        if let Some(n) = self.max_trajectories
+            && n < total
+        {
+            use rand::SeedableRng;
+            use rand::seq::SliceRandom;
+            trajectories.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(self.sample_seed));
+            trajectories.truncate(n);
+            eprintln!("a random sample of {n} of {total} trajectories (seed {})", self.sample_seed);
+        }
+        let rows = trajectories.iter().map(|t| tokenize(&l.tok, t)).collect::<Result<Vec<_>, _>>()?;
         let mut opt = AdamW::new(&l.vs, AdamWConfig::default());
-        let cfg = SftConfig { epochs: self.epochs, lr: self.lr, batch: self.batch };
+        let cfg = SftConfig { epochs: self.epochs, lr: self.lr, batch: self.batch, measure_nll: !self.no_nll };
         let bar = indicatif::ProgressBar::new((cfg.epochs * steps_per_epoch(&rows, cfg.batch)) as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template("sft {bar:30} {pos}/{len} {msg} ({eta})")
@@ -423,7 +443,9 @@ impl SftArgs {
             }
         });
         bar.finish_and_clear();
-        eprintln!("action NLL {:.4} before SFT, {:.4} after", report.nll_before, report.nll_after);
+        if let (Some(before), Some(after)) = (report.nll_before, report.nll_after) {
+            eprintln!("action NLL {before:.4} before SFT, {after:.4} after");
+        }
         let model = &self.model.model;
         let config = std::fs::read_to_string(model.join("config.json"))?;
         let files: Vec<PathBuf> =
