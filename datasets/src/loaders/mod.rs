@@ -5,7 +5,9 @@
 //! the rest is returned, so nothing is dropped silently.
 
 mod flashrag;
+#[cfg(feature = "parquet")]
 mod searchr1;
+#[cfg(feature = "parquet")]
 mod thrift_check;
 mod wiki18;
 
@@ -13,6 +15,7 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 
 pub use flashrag::{load_qa_jsonl, write_qa_jsonl};
+#[cfg(feature = "parquet")]
 pub use searchr1::load_searchr1_parquet;
 pub use wiki18::{load_wiki18, stream_wiki18, write_wiki18};
 
