@@ -127,20 +127,29 @@ fn unreadable_files_are_typed_errors() {
 
 #[test]
 fn parquet_rows_missing_columns_are_reported_by_row() {
-    use arrow::array::{ArrayRef, Int64Array, StringArray};
-    use arrow::record_batch::RecordBatch;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("partial.parquet");
-    let batch = RecordBatch::try_from_iter([
-        ("data_source", Arc::new(StringArray::from(vec!["nq", "nq"])) as ArrayRef),
-        ("id", Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef),
-        ("n", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
-    ])
+    let schema = parse_message_type(
+        "message m { required binary data_source (UTF8); required binary id (UTF8); required int64 n; }",
+    )
     .unwrap();
     let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
+        SerializedFileWriter::new(std::fs::File::create(&path).unwrap(), Arc::new(schema), Default::default()).unwrap();
+    let mut group = w.next_row_group().unwrap();
+    for strings in [["nq", "nq"], ["a", "b"]] {
+        let mut column = group.next_column().unwrap().unwrap();
+        let values = strings.map(ByteArray::from);
+        column.typed::<ByteArrayType>().write_batch(&values, None, None).unwrap();
+        column.close().unwrap();
+    }
+    let mut column = group.next_column().unwrap().unwrap();
+    column.typed::<Int64Type>().write_batch(&[1, 2], None, None).unwrap();
+    column.close().unwrap();
+    group.close().unwrap();
     w.close().unwrap();
     let err = load_searchr1_parquet(&path, OnBadRow::Fail).unwrap_err();
     assert!(err.to_string().contains("partial.parquet:1: missing field `reward_model.ground_truth`"), "{err}");

@@ -1,14 +1,13 @@
 //! Search-R1 / verl parquet rows: `prompt` (a one-message chat), `reward_model.ground_truth.target`
 //! (gold answers), `data_source`, `extra_info.{split, index}`, and usually `id`, `question` and
-//! `golden_answers` too. Each row is converted to JSON first, so any Arrow encoding pyarrow or
-//! polars choose (large strings, string views, dictionaries) reads the same.
+//! `golden_answers` too. Rows are read with the parquet crate's record reader (no Arrow: it is the
+//! largest part of a cold build and buys nothing here) and converted to JSON first, so any
+//! encoding pyarrow or polars choose (large strings, string views, dictionaries) reads the same.
 
 use std::path::Path;
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type};
-use arrow::datatypes::{UInt8Type, UInt16Type, UInt32Type, UInt64Type};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
 use serde_json::{Map, Value};
 
 use super::{Loaded, OnBadRow, str_list};
@@ -32,27 +31,21 @@ fn read_parquet(path: &Path, on_bad: OnBadRow) -> Result<Loaded<QaExample>> {
     let mut file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
     super::thrift_check::check_parquet_footer(&mut file)
         .map_err(|e| DatasetError::format(path, format!("not a readable parquet file: {e}")))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.build())
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| DatasetError::format(path, format!("not a readable parquet file: {e}")))?;
+    let rows = reader
+        .get_row_iter(None)
         .map_err(|e| DatasetError::format(path, format!("not a readable parquet file: {e}")))?;
     let mut out = Loaded { items: Vec::new(), bad_rows: Vec::new() };
-    let mut row_number = 0;
-    for batch in reader {
-        let batch = batch.map_err(|e| DatasetError::format(path, format!("cannot decode row batch: {e}")))?;
-        let schema = batch.schema();
-        for row in 0..batch.num_rows() {
-            row_number += 1;
-            let mut obj = Map::new();
-            for (field, column) in schema.fields().iter().zip(batch.columns()) {
-                obj.insert(field.name().clone(), cell(column.as_ref(), row));
-            }
-            let parsed = example_from_row(&Value::Object(obj)).map_err(|message| RowError {
-                path: path.to_path_buf(),
-                line: row_number,
-                message,
-            });
-            out.push(parsed, on_bad)?;
-        }
+    for (i, row) in rows.enumerate() {
+        let row = row.map_err(|e| DatasetError::format(path, format!("cannot decode row {}: {e}", i + 1)))?;
+        let obj = row.get_column_iter().map(|(name, field)| (name.clone(), cell(field))).collect::<Map<_, _>>();
+        let parsed = example_from_row(&Value::Object(obj)).map_err(|message| RowError {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message,
+        });
+        out.push(parsed, on_bad)?;
     }
     Ok(out)
 }
@@ -95,46 +88,34 @@ fn question_from_prompt(prompt: &str) -> Option<String> {
     (!q.is_empty()).then(|| q.to_string())
 }
 
-/// One cell of an Arrow array as JSON.
-fn cell(array: &dyn Array, row: usize) -> Value {
-    if array.is_null(row) {
-        return Value::Null;
-    }
-    match array.data_type() {
-        DataType::Utf8 => array.as_string::<i32>().value(row).into(),
-        DataType::LargeUtf8 => array.as_string::<i64>().value(row).into(),
-        DataType::Utf8View => array.as_string_view().value(row).into(),
-        DataType::Boolean => array.as_boolean().value(row).into(),
-        DataType::Int8 => array.as_primitive::<Int8Type>().value(row).into(),
-        DataType::Int16 => array.as_primitive::<Int16Type>().value(row).into(),
-        DataType::Int32 => array.as_primitive::<Int32Type>().value(row).into(),
-        DataType::Int64 => array.as_primitive::<Int64Type>().value(row).into(),
-        DataType::UInt8 => array.as_primitive::<UInt8Type>().value(row).into(),
-        DataType::UInt16 => array.as_primitive::<UInt16Type>().value(row).into(),
-        DataType::UInt32 => array.as_primitive::<UInt32Type>().value(row).into(),
-        DataType::UInt64 => array.as_primitive::<UInt64Type>().value(row).into(),
-        DataType::Float32 => f64::from(array.as_primitive::<Float32Type>().value(row)).into(),
-        DataType::Float64 => array.as_primitive::<Float64Type>().value(row).into(),
-        DataType::List(_) => list(array.as_list::<i32>().value(row).as_ref()),
-        DataType::LargeList(_) => list(array.as_list::<i64>().value(row).as_ref()),
-        DataType::Struct(fields) => {
-            let s = array.as_struct();
-            let obj = fields
-                .iter()
-                .zip(s.columns())
-                .map(|(f, c)| (f.name().clone(), cell(c.as_ref(), row)))
-                .collect::<Map<_, _>>();
-            Value::Object(obj)
+/// One parquet field as JSON. Byte arrays without a string annotation are read as UTF-8 when they
+/// are (some writers leave the annotation off); other binary, and the date/time/decimal types no
+/// Search-R1 column uses, become their display text.
+fn cell(field: &Field) -> Value {
+    match field {
+        Field::Null => Value::Null,
+        Field::Bool(b) => (*b).into(),
+        Field::Byte(v) => (*v).into(),
+        Field::Short(v) => (*v).into(),
+        Field::Int(v) => (*v).into(),
+        Field::Long(v) => (*v).into(),
+        Field::UByte(v) => (*v).into(),
+        Field::UShort(v) => (*v).into(),
+        Field::UInt(v) => (*v).into(),
+        Field::ULong(v) => (*v).into(),
+        Field::Float16(v) => f64::from(f32::from(*v)).into(),
+        Field::Float(v) => f64::from(*v).into(),
+        Field::Double(v) => (*v).into(),
+        Field::Str(s) => s.as_str().into(),
+        Field::Bytes(b) => match std::str::from_utf8(b.data()) {
+            Ok(s) => s.into(),
+            Err(_) => Value::String(format!("{field}")),
+        },
+        Field::Group(row) => Value::Object(row.get_column_iter().map(|(name, f)| (name.clone(), cell(f))).collect()),
+        Field::ListInternal(list) => Value::Array(list.elements().iter().map(cell).collect()),
+        Field::MapInternal(map) => {
+            Value::Array(map.entries().iter().map(|(k, v)| Value::Array(vec![cell(k), cell(v)])).collect())
         }
-        DataType::Dictionary(_, _) => {
-            let dict = array.as_any_dictionary();
-            let key = dict.normalized_keys()[row];
-            cell(dict.values().as_ref(), key)
-        }
-        other => Value::String(format!("<unsupported arrow type {other}>")),
+        other => Value::String(format!("{other}")),
     }
-}
-
-fn list(values: &dyn Array) -> Value {
-    Value::Array((0..values.len()).map(|i| cell(values, i)).collect())
 }
