@@ -39,3 +39,10 @@ pub fn qwen25_tokenizer_dir() -> PathBuf {
 pub fn smollm2_gguf() -> PathBuf {
     assets_dir().join("smollm2-135m-instruct").join("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
+
+/// all-MiniLM-L6-v2 as a Hugging Face / sentence-transformers folder (`config.json`,
+/// `model.safetensors`, `tokenizer.json`, `modules.json`, `1_Pooling/`): a BERT sentence encoder
+/// for dense retrieval.
+pub fn minilm_dir() -> PathBuf {
+    assets_dir().join("all-minilm-l6-v2")
+}

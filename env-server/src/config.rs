@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// The persistent cache in front of web providers and page fetches (and of the remote
     /// retriever when `remote.cache` is set).
     pub cache: CacheConfig,
+    /// Dense retrieval (`backend = "dense"` or `"hybrid"`): the encoder, the FAISS index and the
+    /// fusion with BM25. Needs a server built with the `dense` feature.
+    pub dense: DenseConfig,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +61,7 @@ impl Default for ServerConfig {
             web: WebConfig::default(),
             pages: PageConfig::default(),
             cache: CacheConfig::default(),
+            dense: DenseConfig::default(),
         }
     }
 }
@@ -84,6 +88,77 @@ pub enum BackendKind {
     /// Live web search through a provider (`[web]`), with the page tool (`[pages]`) and the
     /// persistent cache (`[cache]`).
     Web,
+    /// A BERT-family encoder (`dense.model`) and a FAISS flat index (`dense.index`) whose row i
+    /// is passage i of `corpus`, searched exactly.
+    Dense,
+    /// BM25 over `corpus` and the dense backend, fused by reciprocal rank.
+    Hybrid,
+}
+
+/// The dense and hybrid backends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DenseConfig {
+    /// A FAISS `IndexFlatIP` / `IndexFlatL2` file (e.g. Search-R1's `e5_Flat.index`), or an
+    /// `IndexIDMap` over one whose ids are corpus rows.
+    pub index: Option<PathBuf>,
+    /// The encoder: a Hugging Face folder with `config.json`, `model.safetensors` and
+    /// `tokenizer.json` (and the sentence-transformers files when it has them).
+    pub model: Option<PathBuf>,
+    /// Pooling when the folder has no sentence-transformers pooling module.
+    pub pooling: Option<DensePooling>,
+    /// L2-normalise query vectors (default: as the folder says; true without `modules.json`).
+    pub normalize: Option<bool>,
+    /// Put before every query; `"query: "` for e5 (default: the folder's `query` prompt).
+    pub query_prefix: Option<String>,
+    /// Put before every passage when building an index; `"passage: "` for e5.
+    pub passage_prefix: Option<String>,
+    /// Tokens per text (default: the folder's `max_seq_length`).
+    pub max_seq_length: Option<usize>,
+    /// Texts per encoder forward pass.
+    pub batch_size: usize,
+    pub device: DenseDevice,
+    /// Threads for the exact search (0 = every core).
+    pub search_threads: usize,
+    /// Hybrid: results taken from each retriever before fusion (at least the request's top-k).
+    pub hybrid_depth: usize,
+    /// Hybrid: the constant k of reciprocal-rank fusion, 1 / (k + rank).
+    pub rrf_k: f64,
+}
+
+impl Default for DenseConfig {
+    fn default() -> Self {
+        Self {
+            index: None,
+            model: None,
+            pooling: None,
+            normalize: None,
+            query_prefix: None,
+            passage_prefix: None,
+            max_seq_length: None,
+            batch_size: 64,
+            device: DenseDevice::Auto,
+            search_threads: 0,
+            hybrid_depth: 50,
+            rrf_k: 60.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DensePooling {
+    Mean,
+    Cls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseDevice {
+    /// CUDA when libtorch has it and a GPU is present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
 }
 
 /// Limits, all enforced with typed errors.

@@ -80,6 +80,45 @@ enum Command {
     /// Export or import the persistent web cache as JSONL (one entry per line).
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Build the index of a wiki-18 JSONL corpus ahead of serving: BM25 (tantivy) by default, or
+    /// with --dense a FAISS flat index of its passages encoded by --model (resumable).
+    Index(IndexArgs),
+}
+
+#[derive(clap::Args)]
+struct IndexArgs {
+    /// The wiki-18 JSONL corpus.
+    corpus: PathBuf,
+    /// Build a dense FAISS flat index (row i = passage i) instead of the BM25 index.
+    #[arg(long)]
+    dense: bool,
+    /// The encoder folder (Hugging Face: config.json, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where to write: the FAISS file (default `<corpus>.<model folder name>.flat.index`) or the
+    /// BM25 directory (default `<corpus>.index`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Put before every passage; `"passage: "` for e5 (default: the model folder's prompt).
+    #[arg(long)]
+    passage_prefix: Option<String>,
+    /// Pooling when the model folder has no sentence-transformers pooling module.
+    #[arg(long, value_enum)]
+    pooling: Option<grove_env_server::config::DensePooling>,
+    /// Passages per encoder forward pass.
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Inner product (for normalised encoders, as Search-R1's e5 index) or squared L2.
+    #[arg(long, value_enum, default_value = "inner-product")]
+    metric: MetricArg,
+    #[arg(long, value_enum, default_value = "auto")]
+    device: grove_env_server::config::DenseDevice,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MetricArg {
+    InnerProduct,
+    L2,
 }
 
 #[derive(Subcommand)]
@@ -110,13 +149,24 @@ struct ServeArgs {
     /// wiki-18 JSONL corpus for the local BM25 backend.
     #[arg(long)]
     corpus: Option<PathBuf>,
-    /// Index directory (default: `<corpus>.index` beside the corpus).
+    /// Index: the BM25 directory for `local` (default: `<corpus>.index` beside the corpus), the
+    /// FAISS flat index file for `dense` and `hybrid`.
     #[arg(long)]
     index: Option<PathBuf>,
-    /// `local` (BM25 over --corpus), `remote` (a Search-R1 /retrieve server at --remote-url) or
-    /// `web` (a live search provider, see --provider, with the open-page tool).
+    /// `local` (BM25 over --corpus), `remote` (a Search-R1 /retrieve server at --remote-url),
+    /// `web` (a live search provider, see --provider, with the open-page tool), `dense` (--model
+    /// and a FAISS --index over --corpus) or `hybrid` (BM25 and dense, fused by reciprocal rank).
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
+    /// Dense encoder folder (Hugging Face: config.json, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Put before every query for the dense encoder; `"query: "` for e5.
+    #[arg(long)]
+    query_prefix: Option<String>,
+    /// The BM25 index directory of `hybrid` (default: `<corpus>.index`).
+    #[arg(long)]
+    bm25_index: Option<PathBuf>,
     /// Web search provider (implies --backend web). Its API key comes from `web.api_key_env`,
     /// by default SERPER_API_KEY, SERPAPI_API_KEY, BRAVE_API_KEY or TAVILY_API_KEY.
     #[arg(long, value_enum)]
@@ -160,6 +210,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => runtime.block_on(bench::run_bench(args)),
         Command::Soak(args) => runtime.block_on(soak::run_soak(args)),
         Command::Cache(cmd) => runtime.block_on(cache_command(cmd)),
+        Command::Index(args) => build_index(&args),
     }
 }
 
@@ -174,11 +225,23 @@ fn load_config(args: &ServeArgs) -> Result<ServerConfig> {
     if let Some(c) = &args.corpus {
         config.corpus = Some(c.clone());
     }
-    if let Some(i) = &args.index {
-        config.index = Some(i.clone());
-    }
     if let Some(b) = args.backend {
         config.backend = b;
+    }
+    if let Some(i) = &args.index {
+        match config.backend {
+            BackendKind::Dense | BackendKind::Hybrid => config.dense.index = Some(i.clone()),
+            _ => config.index = Some(i.clone()),
+        }
+    }
+    if let Some(i) = &args.bm25_index {
+        config.index = Some(i.clone());
+    }
+    if let Some(m) = &args.model {
+        config.dense.model = Some(m.clone());
+    }
+    if let Some(p) = &args.query_prefix {
+        config.dense.query_prefix = Some(p.clone());
     }
     if let Some(u) = &args.remote_url {
         config.remote_url = Some(u.clone());
@@ -260,6 +323,154 @@ pub(crate) fn open_local_index(corpus: &std::path::Path, index: Option<&std::pat
     Ok(index)
 }
 
+#[cfg(not(feature = "dense"))]
+const NO_DENSE: &str = "this env-server was built without dense retrieval; build it with \
+     `cargo build --release -p grove-env-server --features dense` (after `cargo xtask setup`)";
+
+#[cfg(not(feature = "dense"))]
+async fn dense_backends(_config: &ServerConfig) -> Result<Backends> {
+    bail!(NO_DENSE)
+}
+
+/// The dense backend, or the hybrid one (BM25 over the same corpus plus dense).
+#[cfg(feature = "dense")]
+async fn dense_backends(config: &ServerConfig) -> Result<Backends> {
+    use grove_env_server::search::dense::{DenseBackend, HybridBackend};
+    let Some(corpus) = config.corpus.clone() else {
+        bail!("the {:?} backend needs --corpus (the passages whose rows the index holds)", config.backend)
+    };
+    let dense_config = config.dense.clone();
+    let corpus_for_dense = corpus.clone();
+    let dense = tokio::task::spawn_blocking(move || DenseBackend::open(&dense_config, &corpus_for_dense)).await??;
+    tracing::info!(vectors = dense.len(), "dense index ready");
+    let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
+    let backends = if config.backend == BackendKind::Hybrid {
+        let index_dir = config.index.clone();
+        let bm25 = tokio::task::spawn_blocking(move || open_local_index(&corpus, index_dir.as_deref())).await??;
+        tracing::info!(docs = bm25.num_docs(), "BM25 index ready");
+        let hybrid = HybridBackend::new(bm25, dense, config.dense.hybrid_depth, config.dense.rrf_k);
+        Backends::new("hybrid", Arc::new(hybrid))
+    } else {
+        Backends::new("dense", Arc::new(dense))
+    };
+    Ok(with_pages(backends, config, cache)?)
+}
+
+fn build_index(args: &IndexArgs) -> Result<()> {
+    if !args.dense {
+        let index = open_local_index(&args.corpus, args.out.as_deref())?;
+        eprintln!("BM25 index of {} passages ready", index.num_docs());
+        return Ok(());
+    }
+    build_dense_index(args)
+}
+
+#[cfg(not(feature = "dense"))]
+fn build_dense_index(_args: &IndexArgs) -> Result<()> {
+    bail!(NO_DENSE)
+}
+
+/// Encode every passage of the corpus and write a FAISS flat index, resuming an interrupted run.
+#[cfg(feature = "dense")]
+fn build_dense_index(args: &IndexArgs) -> Result<()> {
+    use grove_dense::{FlatWriter, Metric, TextKind};
+    use grove_env_server::config::DenseConfig;
+    let Some(model) = &args.model else { bail!("--dense needs --model (the encoder folder)") };
+    if args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let config = DenseConfig {
+        model: Some(model.clone()),
+        pooling: args.pooling,
+        passage_prefix: args.passage_prefix.clone(),
+        batch_size: args.batch_size,
+        device: args.device,
+        ..DenseConfig::default()
+    };
+    let encoder = grove_env_server::search::dense::load_encoder(&config)?;
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None => {
+            let model_name = model.file_name().unwrap_or_default().to_string_lossy();
+            let mut name = args.corpus.file_name().unwrap_or_default().to_os_string();
+            name.push(format!(".{model_name}.flat.index"));
+            args.corpus.with_file_name(name)
+        }
+    };
+    let metric = match args.metric {
+        MetricArg::InnerProduct => Metric::InnerProduct,
+        MetricArg::L2 => Metric::L2,
+    };
+    let mut writer = FlatWriter::create_or_resume(&out, encoder.dim(), metric)?;
+    let done = writer.rows() as u64;
+    let total = std::fs::metadata(&args.corpus).with_context(|| format!("{}", args.corpus.display()))?.len();
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("encoding {bar:40} {bytes}/{total_bytes} {msg} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    if done > 0 {
+        eprintln!("resuming {}: {done} passages already encoded", out.display());
+    }
+    let started = std::time::Instant::now();
+    let mut batch: Vec<String> = Vec::with_capacity(args.batch_size * 4);
+    let (mut seen, mut bytes) = (0u64, 0u64);
+    let flush = |batch: &mut Vec<String>, writer: &mut FlatWriter| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let texts: Vec<&str> = batch.iter().map(String::as_str).collect();
+        writer.append(&encoder.encode(&texts, TextKind::Passage)?)?;
+        writer.sync()?;
+        batch.clear();
+        Ok(())
+    };
+    // The `contents` field exactly as the corpus has it (Search-R1 encodes it so), one row per
+    // non-empty line, as the server's corpus reader counts rows.
+    #[derive(serde::Deserialize)]
+    struct Row {
+        contents: String,
+    }
+    let reader = std::io::BufReader::with_capacity(
+        1 << 20,
+        std::fs::File::open(&args.corpus).with_context(|| format!("open {}", args.corpus.display()))?,
+    );
+    for (i, line) in std::io::BufRead::lines(reader).enumerate() {
+        let line = line.with_context(|| format!("{}: line {}", args.corpus.display(), i + 1))?;
+        bytes += line.len() as u64 + 1;
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        seen += 1;
+        if seen <= done {
+            continue;
+        }
+        let row: Row = serde_json::from_str(&line)
+            .with_context(|| format!("{}: line {}: not a wiki-18 passage", args.corpus.display(), i + 1))?;
+        batch.push(row.contents);
+        // Several forward passes per write: the encoder sorts each call by length.
+        if batch.len() == args.batch_size * 4 {
+            flush(&mut batch, &mut writer)?;
+            bar.set_position(bytes.min(total));
+            bar.set_message(format!("{} passages", writer.rows()));
+        }
+    }
+    flush(&mut batch, &mut writer)?;
+    bar.finish_and_clear();
+    let rows = writer.rows();
+    let path = writer.finish()?;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} ({rows} vectors of dimension {}, {:?}); encoded {} passages in {secs:.1} s ({:.1}/s)",
+        path.display(),
+        encoder.dim(),
+        metric,
+        seen.saturating_sub(done),
+        seen.saturating_sub(done) as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
 async fn serve(args: ServeArgs) -> Result<()> {
     let config = load_config(&args)?;
     let backends = match config.backend {
@@ -276,6 +487,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
         BackendKind::Remote => remote_backends(&config).await?,
         BackendKind::Web => web_backends(&config).await?,
+        BackendKind::Dense | BackendKind::Hybrid => dense_backends(&config).await?,
     };
     let listener = tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("bind {}", config.bind))?;
     if config.resolved_token().is_none() && !config.bind.ip().is_loopback() {

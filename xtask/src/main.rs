@@ -146,9 +146,14 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     phase("cargo test", &mut || {
         let mut args = vec!["test", "--workspace"];
         args.extend(cargo_test_args.iter().map(String::as_str));
-        // The shared-cache tests start their own redis-servers from this program.
+        // The shared-cache tests start their own redis-servers from this program; the FAISS
+        // file tests run faiss-cpu from the venv.
         util::run_cmd(
-            std::process::Command::new("cargo").current_dir(root).args(&args).env("GROVE_REDIS_SERVER", &redis_server),
+            std::process::Command::new("cargo")
+                .current_dir(root)
+                .args(&args)
+                .env("GROVE_REDIS_SERVER", &redis_server)
+                .env("GROVE_PYTHON", python::python(&venv)),
         )
     })?;
     phase("gpu-check (CPU mode)", &mut || {

@@ -9,13 +9,15 @@ use anyhow::{Context, Result};
 use crate::util;
 
 /// Packages the Python tests need, pinned.
-const REQUIREMENTS: &[&str] = &["msgpack==1.1.2", "pytest==8.4.2", "websockets==15.0.1"];
+const REQUIREMENTS: &[&str] =
+    &["msgpack==1.1.2", "pytest==8.4.2", "websockets==15.0.1", "numpy==2.4.6", "faiss-cpu==1.15.1"];
 
 pub fn venv_dir() -> PathBuf {
     grove_datasets::assets::cache_dir().join("venv")
 }
 
-fn python(venv: &Path) -> PathBuf {
+/// The venv's interpreter.
+pub fn python(venv: &Path) -> PathBuf {
     venv.join("bin").join("python")
 }
 

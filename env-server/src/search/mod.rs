@@ -3,6 +3,8 @@
 //! (BM25) run on tokio's blocking pool; HTTP backends on the runtime.
 
 pub mod cached;
+#[cfg(feature = "dense")]
+pub mod dense;
 mod local;
 pub mod page;
 mod remote;
