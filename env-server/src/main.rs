@@ -1,6 +1,8 @@
 //! `env-server`: serve episodes over WebSocket + HTTP, or benchmark the server on loopback.
 
 mod bench;
+#[cfg(feature = "dense")]
+mod bench_dense;
 mod soak;
 
 /// Live heap bytes, counted by a wrapper around the system allocator (the bench measures what a
@@ -80,6 +82,10 @@ enum Command {
     /// Export or import the persistent web cache as JSONL (one entry per line).
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Dense retrieval against Python faiss-cpu on the same index and queries (queries/s, time
+    /// to first answer, memory), and recall@3 of BM25, dense and hybrid on FanOutQA questions.
+    #[cfg(feature = "dense")]
+    BenchDense(bench_dense::BenchDenseArgs),
     /// Build the index of a wiki-18 JSONL corpus ahead of serving: BM25 (tantivy) by default, or
     /// with --dense a FAISS flat index of its passages encoded by --model (resumable).
     Index(IndexArgs),
@@ -211,6 +217,8 @@ fn main() -> Result<()> {
         Command::Soak(args) => runtime.block_on(soak::run_soak(args)),
         Command::Cache(cmd) => runtime.block_on(cache_command(cmd)),
         Command::Index(args) => build_index(&args),
+        #[cfg(feature = "dense")]
+        Command::BenchDense(args) => runtime.block_on(bench_dense::run_bench_dense(args)),
     }
 }
 
@@ -373,7 +381,7 @@ fn build_dense_index(_args: &IndexArgs) -> Result<()> {
 /// Encode every passage of the corpus and write a FAISS flat index, resuming an interrupted run.
 #[cfg(feature = "dense")]
 fn build_dense_index(args: &IndexArgs) -> Result<()> {
-    use grove_dense::{FlatWriter, Metric, TextKind};
+    use grove_dense::Metric;
     use grove_env_server::config::DenseConfig;
     let Some(model) = &args.model else { bail!("--dense needs --model (the encoder folder)") };
     if args.batch_size == 0 {
@@ -401,9 +409,24 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
         MetricArg::InnerProduct => Metric::InnerProduct,
         MetricArg::L2 => Metric::L2,
     };
-    let mut writer = FlatWriter::create_or_resume(&out, encoder.dim(), metric)?;
+    write_dense_index(&encoder, &args.corpus, &out, metric, args.batch_size)?;
+    Ok(())
+}
+
+/// Encode every passage of `corpus` with `encoder` into a FAISS flat index at `out`, resuming
+/// `<out>.partial` when an earlier run left one. Returns the number of vectors.
+#[cfg(feature = "dense")]
+pub(crate) fn write_dense_index(
+    encoder: &grove_dense::Encoder,
+    corpus: &std::path::Path,
+    out: &std::path::Path,
+    metric: grove_dense::Metric,
+    batch_size: usize,
+) -> Result<usize> {
+    use grove_dense::{FlatWriter, TextKind};
+    let mut writer = FlatWriter::create_or_resume(out, encoder.dim(), metric)?;
     let done = writer.rows() as u64;
-    let total = std::fs::metadata(&args.corpus).with_context(|| format!("{}", args.corpus.display()))?.len();
+    let total = std::fs::metadata(corpus).with_context(|| format!("{}", corpus.display()))?.len();
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("encoding {bar:40} {bytes}/{total_bytes} {msg} ({eta})")
@@ -413,7 +436,7 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
         eprintln!("resuming {}: {done} passages already encoded", out.display());
     }
     let started = std::time::Instant::now();
-    let mut batch: Vec<String> = Vec::with_capacity(args.batch_size * 4);
+    let mut batch: Vec<String> = Vec::with_capacity(batch_size * 4);
     let (mut seen, mut bytes) = (0u64, 0u64);
     let flush = |batch: &mut Vec<String>, writer: &mut FlatWriter| -> Result<()> {
         if batch.is_empty() {
@@ -433,10 +456,10 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
     }
     let reader = std::io::BufReader::with_capacity(
         1 << 20,
-        std::fs::File::open(&args.corpus).with_context(|| format!("open {}", args.corpus.display()))?,
+        std::fs::File::open(corpus).with_context(|| format!("open {}", corpus.display()))?,
     );
     for (i, line) in std::io::BufRead::lines(reader).enumerate() {
-        let line = line.with_context(|| format!("{}: line {}", args.corpus.display(), i + 1))?;
+        let line = line.with_context(|| format!("{}: line {}", corpus.display(), i + 1))?;
         bytes += line.len() as u64 + 1;
         if line.trim_ascii().is_empty() {
             continue;
@@ -446,10 +469,10 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
             continue;
         }
         let row: Row = serde_json::from_str(&line)
-            .with_context(|| format!("{}: line {}: not a wiki-18 passage", args.corpus.display(), i + 1))?;
+            .with_context(|| format!("{}: line {}: not a wiki-18 passage", corpus.display(), i + 1))?;
         batch.push(row.contents);
         // Several forward passes per write: the encoder sorts each call by length.
-        if batch.len() == args.batch_size * 4 {
+        if batch.len() == batch_size * 4 {
             flush(&mut batch, &mut writer)?;
             bar.set_position(bytes.min(total));
             bar.set_message(format!("{} passages", writer.rows()));
@@ -468,7 +491,7 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
         seen.saturating_sub(done),
         seen.saturating_sub(done) as f64 / secs.max(1e-9)
     );
-    Ok(())
+    Ok(rows)
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {

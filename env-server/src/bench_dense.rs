@@ -1,0 +1,373 @@
+//! `env-server bench-dense` (the `dense` feature): dense retrieval against Python faiss-cpu on the
+//! same files and queries, in one run, and retrieval quality on real questions.
+//!
+//! 1. Speed: a synthetic flat index of `--vectors` random unit vectors is written once (by
+//!    Grove's writer, in FAISS's format) and searched by both Grove and faiss (`faiss.read_index`,
+//!    `IndexFlat::search`) with the same queries, all at once as one tick's batch and one query
+//!    alone: queries/s, time from start to the first answer, resident memory, and how many of
+//!    faiss's top-10 Grove returns (recall@10 against faiss's exact search).
+//! 2. Quality: the FanOutQA dev sub-questions whose evidence page is in the mini-Wikipedia corpus
+//!    (`cargo xtask assets`), searched by BM25, dense (all-MiniLM-L6-v2) and hybrid: recall@3 of
+//!    the evidence passage, and the encoding speed of the corpus.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use grove_dense::{FlatIndex, FlatWriter, Metric};
+use grove_env_server::config::{DenseConfig, DenseDevice};
+use grove_env_server::search::SearchBackend;
+use grove_env_server::search::dense::{DenseBackend, HybridBackend, load_encoder};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchDenseArgs {
+    /// Vectors in the synthetic flat index.
+    #[arg(long, default_value_t = 1_000_000)]
+    vectors: usize,
+    /// Their dimension (384 for MiniLM / BGE-small, 768 for e5-base).
+    #[arg(long, default_value_t = 384)]
+    dim: usize,
+    /// Queries of the batched search (one tick's worth).
+    #[arg(long, default_value_t = 256)]
+    queries: usize,
+    /// Timed repeats of each search; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Threads for both searches (0 = every core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Python with faiss-cpu and numpy (default: the test venv of `cargo xtask test`).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Where the synthetic index is kept between runs (default: the system temp dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Skip the quality part (FanOutQA over mini-Wikipedia).
+    #[arg(long)]
+    no_quality: bool,
+    /// Skip the speed part.
+    #[arg(long)]
+    no_speed: bool,
+    /// Encoder for the quality part (default: all-MiniLM-L6-v2 from `cargo xtask assets`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+struct Row {
+    figure: String,
+    value: String,
+    unit: &'static str,
+    note: String,
+}
+
+fn row(figure: impl Into<String>, value: impl Into<String>, unit: &'static str, note: impl Into<String>) -> Row {
+    Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
+}
+
+/// Resident memory of this process from `/proc/self/status`: (total, anonymous, file-backed), KiB.
+fn rss_kib() -> (u64, u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("RssAnon:"), field("RssFile:"))
+}
+
+/// SplitMix64: deterministic vectors without a random crate.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn unit_rows(&mut self, rows: usize, dim: usize) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..rows * dim).map(|_| self.next_f32()).collect();
+        for r in v.chunks_exact_mut(dim) {
+            let n = r.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            r.iter_mut().for_each(|x| *x /= n);
+        }
+        v
+    }
+}
+
+fn default_python() -> PathBuf {
+    grove_datasets::assets::cache_dir().join("venv/bin/python")
+}
+
+/// The faiss side of the speed part, run by the Python of the test venv.
+const FAISS_SCRIPT: &str = r#"
+import json, sys, time
+t_start = time.perf_counter()
+import faiss, numpy as np
+path, qpath, k, reps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if threads > 0:
+    faiss.omp_set_num_threads(threads)
+t0 = time.perf_counter()
+index = faiss.read_index(path)
+t1 = time.perf_counter()
+xq = np.fromfile(qpath, dtype="<f4").reshape(-1, index.d)
+D, I = index.search(xq[:1], k)
+t2 = time.perf_counter()
+best_one = best_batch = float("inf")
+for _ in range(reps):
+    a = time.perf_counter(); index.search(xq[:1], k); best_one = min(best_one, time.perf_counter() - a)
+for _ in range(reps):
+    a = time.perf_counter(); D, I = index.search(xq, k); best_batch = min(best_batch, time.perf_counter() - a)
+rss = {}
+for line in open("/proc/self/status"):
+    for key in ("VmRSS", "RssAnon", "RssFile"):
+        if line.startswith(key + ":"):
+            rss[key] = int(line.split()[1])
+print(json.dumps({"read_s": t1 - t0, "first_answer_s": t2 - t0, "import_s": t0 - t_start, "one_s": best_one,
+                  "batch_s": best_batch, "labels": I.tolist(), "rss_kib": rss, "threads": faiss.omp_get_max_threads(),
+                  "version": faiss.__version__}))
+"#;
+
+fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
+    let work = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&work)?;
+    let path = work.join(format!("grove-bench-flat-{}x{}.index", args.vectors, args.dim));
+    let ready = FlatIndex::open(&path).is_ok_and(|i| i.len() == args.vectors && i.dim() == args.dim);
+    if !ready {
+        eprintln!("writing {} ({} x {} random unit vectors)", path.display(), args.vectors, args.dim);
+        let _ = std::fs::remove_file(&path);
+        let mut w = FlatWriter::create_or_resume(&path, args.dim, Metric::InnerProduct)?;
+        let mut rng = SplitMix(7 + w.rows() as u64);
+        while w.rows() < args.vectors {
+            let n = (args.vectors - w.rows()).min(65_536);
+            w.append(&rng.unit_rows(n, args.dim))?;
+        }
+        w.finish()?;
+    }
+    let queries = SplitMix(20261205).unit_rows(args.queries, args.dim);
+    let qpath = work.join(format!("grove-bench-queries-{}x{}.f32", args.queries, args.dim));
+    std::fs::write(&qpath, queries.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+    let k = 10;
+
+    // Grove: open (map), first answer, then the timed searches.
+    let (rss0, anon0, _) = rss_kib();
+    let t0 = Instant::now();
+    let index = FlatIndex::open(&path)?;
+    let opened = t0.elapsed().as_secs_f64();
+    let first = grove_dense::search(&index, &queries[..args.dim], k, args.threads);
+    let first_answer = t0.elapsed().as_secs_f64();
+    drop(first);
+    let mut best_one = f64::INFINITY;
+    let mut best_batch = f64::INFINITY;
+    let mut ours = Vec::new();
+    for _ in 0..args.repeats.max(1) {
+        let a = Instant::now();
+        let _ = grove_dense::search(&index, &queries[..args.dim], k, args.threads);
+        best_one = best_one.min(a.elapsed().as_secs_f64());
+    }
+    for _ in 0..args.repeats.max(1) {
+        let a = Instant::now();
+        ours = grove_dense::search(&index, &queries, k, args.threads);
+        best_batch = best_batch.min(a.elapsed().as_secs_f64());
+    }
+    let (rss1, anon1, file1) = rss_kib();
+
+    // faiss on the same file and queries.
+    let python = args.python.clone().unwrap_or_else(default_python);
+    let out = Command::new(&python)
+        .args(["-c", FAISS_SCRIPT])
+        .arg(&path)
+        .arg(&qpath)
+        .args([k.to_string(), args.repeats.max(1).to_string(), args.threads.to_string()])
+        .output()
+        .with_context(|| format!("run {} (a Python with faiss-cpu: --python)", python.display()))?;
+    if !out.status.success() {
+        bail!("faiss side failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let f: serde_json::Value = serde_json::from_slice(&out.stdout).context("faiss side output")?;
+    let num = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+    let labels = f["labels"].as_array().cloned().unwrap_or_default();
+    let (mut hits, mut total) = (0usize, 0usize);
+    for (mine, theirs) in ours.iter().zip(&labels) {
+        let theirs: HashSet<i64> = theirs.as_array().into_iter().flatten().filter_map(|v| v.as_i64()).collect();
+        total += theirs.len();
+        hits += mine.iter().filter(|n| theirs.contains(&(n.row as i64))).count();
+    }
+    let recall = hits as f64 / total.max(1) as f64;
+    let nq = args.queries as f64;
+    let gb = (args.vectors * args.dim * 4) as f64 / 1e9;
+    let faiss_threads = f["threads"].as_u64().unwrap_or(0);
+    let what = format!("{} x {} flat IP ({gb:.2} GB), top-{k}", args.vectors, args.dim);
+    rows.push(row(
+        "dense exact search, batch, Grove",
+        format!("{:.1}", nq / best_batch),
+        "queries/s",
+        format!("{what}; {} queries in one call", args.queries),
+    ));
+    rows.push(row(
+        "dense exact search, batch, faiss-cpu (baseline)",
+        format!("{:.1}", nq / num("batch_s")),
+        "queries/s",
+        format!("faiss {} IndexFlatIP, {faiss_threads} threads", f["version"].as_str().unwrap_or("?")),
+    ));
+    rows.push(row(
+        "**Grove vs faiss, batched queries/s**",
+        format!("{:.2}x", num("batch_s") / best_batch),
+        "ratio",
+        "same file, same queries",
+    ));
+    rows.push(row(
+        "dense exact search, one query, Grove / faiss",
+        format!("{:.1} / {:.1}", best_one * 1e3, num("one_s") * 1e3),
+        "ms",
+        "",
+    ));
+    rows.push(row(
+        "recall@10 of Grove against faiss's exact top-10",
+        format!("{recall:.4}"),
+        "",
+        "1.0 = the same neighbours",
+    ));
+    rows.push(row(
+        "start to first answer, Grove (mmap) / faiss.read_index",
+        format!("{:.3} / {:.3}", first_answer, num("first_answer_s")),
+        "s",
+        format!(
+            "Grove opens in {:.4} s; faiss reads in {:.3} s (file in the page cache; Python import excluded)",
+            opened,
+            num("read_s")
+        ),
+    ));
+    rows.push(row(
+        "**faiss vs Grove, time to first answer**",
+        format!("{:.1}x", num("first_answer_s") / first_answer),
+        "ratio",
+        "",
+    ));
+    let frss = &f["rss_kib"];
+    rows.push(row(
+        "resident memory after the searches, Grove",
+        format!(
+            "{:.0} MiB ({:.0} anonymous + {:.0} mapped file)",
+            rss1 as f64 / 1024.0,
+            anon1 as f64 / 1024.0,
+            file1 as f64 / 1024.0
+        ),
+        "",
+        format!(
+            "anonymous before opening: {:.0} MiB of {:.0}; mapped pages are shared page cache, not copies",
+            anon0 as f64 / 1024.0,
+            rss0 as f64 / 1024.0
+        ),
+    ));
+    rows.push(row(
+        "resident memory after the searches, faiss",
+        format!(
+            "{:.0} MiB ({:.0} anonymous)",
+            frss["VmRSS"].as_f64().unwrap_or(0.0) / 1024.0,
+            frss["RssAnon"].as_f64().unwrap_or(0.0) / 1024.0
+        ),
+        "",
+        "read_index copies the vectors into the process",
+    ));
+    Ok(())
+}
+
+/// Recall@3 of the evidence passage for the FanOutQA sub-questions whose page is in the corpus.
+async fn quality(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
+    let corpus = grove_datasets::assets::wiki_summaries_corpus();
+    let questions = grove_datasets::assets::fanoutqa_dev();
+    let model = args.model.clone().unwrap_or_else(grove_datasets::assets::minilm_dir);
+    for p in [&corpus, &questions, &model] {
+        if !p.exists() {
+            bail!("{} is missing: run `cargo xtask assets`", p.display());
+        }
+    }
+    // Titles of the corpus rows, to find the evidence passage by its page title.
+    let mut titles = Vec::new();
+    for passage in grove_datasets::loaders::stream_wiki18(&corpus)? {
+        let p = passage?;
+        titles.push((p.id, p.title));
+    }
+    let mut qs: Vec<(String, String)> = Vec::new();
+    for line in std::fs::read_to_string(&questions)?.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v.pointer("/metadata/in_corpus").and_then(|b| b.as_bool()) == Some(true) {
+            let q = v["question"].as_str().unwrap_or_default().to_string();
+            let t = v.pointer("/metadata/evidence_title").and_then(|t| t.as_str()).unwrap_or_default().to_string();
+            qs.push((q, t));
+        }
+    }
+    let config = DenseConfig { model: Some(model.clone()), device: DenseDevice::Cpu, ..DenseConfig::default() };
+    let index_path = {
+        let mut name = corpus.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{}.flat.index", model.file_name().unwrap_or_default().to_string_lossy()));
+        corpus.with_file_name(name)
+    };
+    if !FlatIndex::open(&index_path).is_ok_and(|i| i.len() == titles.len()) {
+        let encoder = load_encoder(&config)?;
+        let t = Instant::now();
+        let n = crate::write_dense_index(&encoder, &corpus, &index_path, Metric::InnerProduct, 64)?;
+        let secs = t.elapsed().as_secs_f64();
+        rows.push(row(
+            "encode mini-Wikipedia (all-MiniLM-L6-v2, CPU)",
+            format!("{:.1}", n as f64 / secs),
+            "passages/s",
+            format!("{n} passages in {secs:.1} s"),
+        ));
+    }
+    let config = DenseConfig { index: Some(index_path), ..config };
+    let dense = DenseBackend::open(&config, &corpus)?;
+    let corpus2 = corpus.clone();
+    let bm25 = tokio::task::spawn_blocking(move || crate::open_local_index(&corpus2, None)).await??;
+    let hybrid = HybridBackend::new(bm25.clone(), dense.clone(), config.hybrid_depth, config.rrf_k);
+    let backends: [(&str, Arc<dyn SearchBackend>); 3] =
+        [("BM25", Arc::new(bm25)), ("dense", Arc::new(dense)), ("hybrid (RRF, k = 60)", Arc::new(hybrid))];
+    let queries: Vec<String> = qs.iter().map(|(q, _)| q.clone()).collect();
+    for (name, backend) in backends {
+        let t = Instant::now();
+        let lists = backend.search(queries.clone(), 3).await?;
+        let secs = t.elapsed().as_secs_f64();
+        let found = lists
+            .iter()
+            .zip(&qs)
+            .filter(|(hits, (_, title))| hits.iter().any(|h| h.title_and_text().0 == title.as_str()))
+            .count();
+        rows.push(row(
+            format!("FanOutQA dev recall@3 of the evidence passage, {name}"),
+            format!("{:.3}", found as f64 / qs.len().max(1) as f64),
+            "",
+            format!(
+                "{found} of {} sub-questions whose page is in mini-Wikipedia ({} passages); {:.2} s for all",
+                qs.len(),
+                titles.len(),
+                secs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn run_bench_dense(args: BenchDenseArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    if !args.no_quality {
+        quality(&args, &mut rows).await?;
+    }
+    if !args.no_speed {
+        speed(&args, &mut rows)?;
+    }
+    println!("| figure | value | unit | baseline / note |");
+    println!("|---|---:|---|---|");
+    for r in &rows {
+        println!("| {} | {} | {} | {} |", r.figure, r.value, r.unit, r.note);
+    }
+    Ok(())
+}
