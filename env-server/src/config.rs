@@ -118,7 +118,18 @@ pub struct DenseConfig {
     /// Texts per encoder forward pass.
     pub batch_size: usize,
     pub device: DenseDevice,
-    /// Threads for the exact search (0 = every core).
+    /// `exact` (every vector scored: faiss's `IndexFlat`) or `hnsw` (an approximate graph over
+    /// the same vectors, for CPU-only serving of large indexes).
+    pub search: DenseSearch,
+    /// The HNSW graph file (default `<index>.usearch`); built and saved at start-up if missing.
+    pub hnsw_index: Option<PathBuf>,
+    /// HNSW edges per node (M).
+    pub hnsw_connectivity: usize,
+    /// HNSW candidates while inserting (efConstruction).
+    pub hnsw_expansion_add: usize,
+    /// HNSW candidates while searching (efSearch): larger is slower and closer to exact.
+    pub hnsw_expansion_search: usize,
+    /// Threads for the exact search and the HNSW build (0 = every core).
     pub search_threads: usize,
     /// Hybrid: results taken from each retriever before fusion (at least the request's top-k).
     pub hybrid_depth: usize,
@@ -138,11 +149,23 @@ impl Default for DenseConfig {
             max_seq_length: None,
             batch_size: 64,
             device: DenseDevice::Auto,
+            search: DenseSearch::Exact,
+            hnsw_index: None,
+            hnsw_connectivity: 16,
+            hnsw_expansion_add: 128,
+            hnsw_expansion_search: 64,
             search_threads: 0,
             hybrid_depth: 50,
             rrf_k: 60.0,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseSearch {
+    Exact,
+    Hnsw,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -119,6 +119,9 @@ struct IndexArgs {
     metric: MetricArg,
     #[arg(long, value_enum, default_value = "auto")]
     device: grove_env_server::config::DenseDevice,
+    /// Also build the HNSW graph of the dense index (`<out>.usearch`), for `--search hnsw`.
+    #[arg(long)]
+    hnsw: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -173,6 +176,10 @@ struct ServeArgs {
     /// The BM25 index directory of `hybrid` (default: `<corpus>.index`).
     #[arg(long)]
     bm25_index: Option<PathBuf>,
+    /// Dense search: `exact` (every vector scored) or `hnsw` (an approximate graph, built beside
+    /// the index as `<index>.usearch` on the first start).
+    #[arg(long, value_enum)]
+    search: Option<grove_env_server::config::DenseSearch>,
     /// Web search provider (implies --backend web). Its API key comes from `web.api_key_env`,
     /// by default SERPER_API_KEY, SERPAPI_API_KEY, BRAVE_API_KEY or TAVILY_API_KEY.
     #[arg(long, value_enum)]
@@ -250,6 +257,9 @@ fn load_config(args: &ServeArgs) -> Result<ServerConfig> {
     }
     if let Some(p) = &args.query_prefix {
         config.dense.query_prefix = Some(p.clone());
+    }
+    if let Some(search) = args.search {
+        config.dense.search = search;
     }
     if let Some(u) = &args.remote_url {
         config.remote_url = Some(u.clone());
@@ -409,7 +419,22 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
         MetricArg::InnerProduct => Metric::InnerProduct,
         MetricArg::L2 => Metric::L2,
     };
-    write_dense_index(&encoder, &args.corpus, &out, metric, args.batch_size)?;
+    if grove_dense::FlatIndex::open(&out).is_ok() {
+        eprintln!("{} exists; remove it to encode the corpus again", out.display());
+    } else {
+        write_dense_index(&encoder, &args.corpus, &out, metric, args.batch_size)?;
+    }
+    if args.hnsw {
+        let flat = grove_dense::FlatIndex::open(&out)?;
+        let path = grove_dense::approx::default_path(&out);
+        if path.exists() {
+            eprintln!("{} exists; remove it to build the graph again", path.display());
+        } else {
+            let started = std::time::Instant::now();
+            grove_env_server::search::dense::open_or_build_hnsw(&flat, Some(&path), &config)?;
+            eprintln!("wrote {} in {:.1} s", path.display(), started.elapsed().as_secs_f64());
+        }
+    }
     Ok(())
 }
 

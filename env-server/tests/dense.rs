@@ -107,10 +107,16 @@ impl Drop for Server {
 }
 
 async fn serve(backend: &str, corpus: &Path, index: &Path) -> Server {
+    serve_with(backend, corpus, index, &[]).await
+}
+
+async fn serve_with(backend: &str, corpus: &Path, index: &Path, extra: &[&str]) -> Server {
     grove_env_server::install_tls_provider();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = env_server()
-        .args(["serve", "--backend", backend, "--index"])
+        .args(["serve", "--backend", backend])
+        .args(extra)
+        .arg("--index")
         .arg(index)
         .arg("--model")
         .arg(model_dir())
@@ -205,6 +211,27 @@ async fn dense_and_hybrid_answer_retrieve_from_an_index_built_by_the_cli() {
         assert_eq!(list.len(), 3);
         assert!(list.windows(2).all(|w| w[0].1 >= w[1].1), "scores best first: {list:?}");
         assert!(list[0].1 <= 1.0 + 1e-5, "cosine scores of normalised vectors");
+    }
+    drop(server);
+
+    // The approximate index: `index --hnsw` keeps the flat file (no second encoding) and writes
+    // the graph beside it; `--search hnsw` serves from it with the same answers here.
+    let out = env_server()
+        .args(["index", "--dense", "--hnsw", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--out")
+        .arg(&path)
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("exists; remove it"), "{stderr}");
+    assert!(dir.path().join("corpus.flat.index.usearch").exists());
+    let server = serve_with("dense", &corpus, &path, &["--search", "hnsw"]).await;
+    let approx = retrieve(&server, &queries, 3).await;
+    for (a, e) in approx.iter().zip(&results) {
+        assert_eq!(a[0].0, e[0].0);
+        assert!((a[0].1 - e[0].1).abs() < 1e-4, "HNSW scores on the exact scale: {a:?} vs {e:?}");
     }
     drop(server);
 

@@ -8,13 +8,16 @@
 //!   mapped in place and written in the same format.
 //! - [`exact`]: exact top-k over such an index, one matrix product per block for all the queries
 //!   of a tick.
+//! - [`approx`]: an HNSW graph (usearch) over a flat index's rows, for CPU-only serving.
 //! - [`fusion`]: reciprocal-rank fusion of ranked lists (hybrid BM25 + dense).
 
+pub mod approx;
 pub mod encoder;
 pub mod exact;
 pub mod faiss;
 pub mod fusion;
 
+pub use approx::{ApproxError, ApproxIndex, HnswParams};
 pub use encoder::{DeviceChoice, Encoder, EncoderError, EncoderOptions, Pooling, TextKind};
 pub use exact::{Metric, Neighbour, search};
 pub use faiss::{FaissError, FlatIndex, FlatWriter};

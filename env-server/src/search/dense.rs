@@ -10,10 +10,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use grove_dense::{Encoder, EncoderOptions, FlatIndex, TextKind};
+use grove_dense::{ApproxIndex, Encoder, EncoderOptions, FlatIndex, HnswParams, TextKind};
 
 use super::{Hit, LocalIndex, SearchBackend, SearchError, SearchFuture};
-use crate::config::{DenseConfig, DenseDevice, DensePooling};
+use crate::config::{DenseConfig, DenseDevice, DensePooling, DenseSearch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DenseSetupError {
@@ -27,6 +27,8 @@ pub enum DenseSetupError {
     },
     #[error(transparent)]
     Index(#[from] grove_dense::FaissError),
+    #[error(transparent)]
+    Approx(#[from] grove_dense::ApproxError),
     #[error("corpus {}: {message}", path.display())]
     Corpus { path: PathBuf, message: String },
     #[error(
@@ -141,8 +143,40 @@ impl CorpusRows {
 struct DenseInner {
     encoder: Mutex<Encoder>,
     index: FlatIndex,
+    /// The HNSW graph when `search = "hnsw"`.
+    approx: Option<ApproxIndex>,
     corpus: CorpusRows,
     threads: usize,
+}
+
+/// The HNSW parameters of a configuration.
+pub fn hnsw_params(config: &DenseConfig) -> HnswParams {
+    HnswParams {
+        connectivity: config.hnsw_connectivity,
+        expansion_add: config.hnsw_expansion_add,
+        expansion_search: config.hnsw_expansion_search,
+    }
+}
+
+/// Map the HNSW graph of `flat` (at `path`, default `<flat>.usearch`), building and saving it
+/// first when the file is missing.
+pub fn open_or_build_hnsw(
+    flat: &FlatIndex,
+    path: Option<&Path>,
+    config: &DenseConfig,
+) -> Result<ApproxIndex, DenseSetupError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(|| grove_dense::approx::default_path(flat.path()));
+    if !path.exists() {
+        tracing::info!(vectors = flat.len(), path = %path.display(), "building the HNSW graph (once; saved for the next start)");
+        let started = std::time::Instant::now();
+        let total = flat.len();
+        let mut built = ApproxIndex::build(flat, hnsw_params(config), config.search_threads, &|done| {
+            tracing::info!("HNSW: {done} of {total} vectors inserted");
+        })?;
+        built.save(&path)?;
+        tracing::info!(seconds = started.elapsed().as_secs_f64(), "HNSW graph saved");
+    }
+    Ok(ApproxIndex::open(&path, flat, config.hnsw_expansion_search)?)
 }
 
 /// Exact dense retrieval over a FAISS flat index. Cheap to clone.
@@ -190,10 +224,15 @@ impl DenseBackend {
                 }
             }
         }
+        let approx = match config.search {
+            DenseSearch::Exact => None,
+            DenseSearch::Hnsw => Some(open_or_build_hnsw(&index, config.hnsw_index.as_deref(), config)?),
+        };
         Ok(DenseBackend {
             inner: Arc::new(DenseInner {
                 encoder: Mutex::new(encoder),
                 index,
+                approx,
                 corpus: rows,
                 threads: config.search_threads,
             }),
@@ -216,7 +255,10 @@ impl DenseBackend {
             let encoder = inner.encoder.lock().map_err(|_| SearchError::Internal("encoder lock poisoned".into()))?;
             encoder.encode(&texts, TextKind::Query).map_err(|e| SearchError::Internal(format!("encoder: {e}")))?
         };
-        let found = grove_dense::search(&inner.index, &vectors, topk, inner.threads);
+        let found = match &inner.approx {
+            None => grove_dense::search(&inner.index, &vectors, topk, inner.threads),
+            Some(approx) => approx.search_parallel(&vectors, topk, inner.threads).map_err(|e| SearchError::Index(e.to_string()))?,
+        };
         found
             .into_iter()
             .map(|list| {
