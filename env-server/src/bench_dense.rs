@@ -173,12 +173,7 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     let centers = SplitMix(1).unit_rows(CENTERS, args.dim);
     let ready = FlatIndex::open(&path).is_ok_and(|i| i.len() == args.vectors && i.dim() == args.dim);
     if !ready {
-        eprintln!(
-            "writing {} ({} x {} unit vectors around {CENTERS} topics)",
-            path.display(),
-            args.vectors,
-            args.dim
-        );
+        eprintln!("writing {} ({} x {} unit vectors around {CENTERS} topics)", path.display(), args.vectors, args.dim);
         let _ = std::fs::remove_file(&path);
         let _ = std::fs::remove_file(grove_dense::approx::default_path(&path));
         let mut w = FlatWriter::create_or_resume(&path, args.dim, Metric::InnerProduct)?;
@@ -226,11 +221,12 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     } else {
         eprintln!("building the HNSW graph of {} vectors", args.vectors);
         let t = Instant::now();
-        let mut g = grove_dense::ApproxIndex::build(&index, grove_dense::HnswParams::default(), args.threads, &|done| {
-            if done % 100_000 == 0 {
-                eprintln!("  {done} inserted");
-            }
-        })?;
+        let mut g =
+            grove_dense::ApproxIndex::build(&index, grove_dense::HnswParams::default(), args.threads, &|done| {
+                if done % 100_000 == 0 {
+                    eprintln!("  {done} inserted");
+                }
+            })?;
         g.save(&graph)?;
         Some(t.elapsed().as_secs_f64())
     };
@@ -306,23 +302,31 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     ));
     let p = grove_dense::HnswParams::default();
     if hnsw {
-    rows.push(row(
-        "dense HNSW search, batch, Grove",
-        format!("{:.1}", nq / approx_batch),
-        "queries/s",
-        format!("usearch HNSW, M {} efConstruction {} efSearch {}", p.connectivity, p.expansion_add, p.expansion_search),
-    ));
-    rows.push(row("**HNSW vs exact, batched queries/s**", format!("{:.1}x", best_batch / approx_batch), "ratio", ""));
-    rows.push(row("dense HNSW search, one query", format!("{:.2}", approx_one * 1e3), "ms", ""));
-    rows.push(row(
-        "recall@10 of HNSW against the exact top-10",
-        format!("{:.4}", a_hits as f64 / a_total.max(1) as f64),
-        "",
-        match built_in {
-            Some(s) => format!("graph built in {s:.0} s ({:.0} vectors/s)", args.vectors as f64 / s),
-            None => "graph reused from an earlier run".to_string(),
-        },
-    ));
+        rows.push(row(
+            "dense HNSW search, batch, Grove",
+            format!("{:.1}", nq / approx_batch),
+            "queries/s",
+            format!(
+                "usearch HNSW, M {} efConstruction {} efSearch {}",
+                p.connectivity, p.expansion_add, p.expansion_search
+            ),
+        ));
+        rows.push(row(
+            "**HNSW vs exact, batched queries/s**",
+            format!("{:.1}x", best_batch / approx_batch),
+            "ratio",
+            "",
+        ));
+        rows.push(row("dense HNSW search, one query", format!("{:.2}", approx_one * 1e3), "ms", ""));
+        rows.push(row(
+            "recall@10 of HNSW against the exact top-10",
+            format!("{:.4}", a_hits as f64 / a_total.max(1) as f64),
+            "",
+            match built_in {
+                Some(s) => format!("graph built in {s:.0} s ({:.0} vectors/s)", args.vectors as f64 / s),
+                None => "graph reused from an earlier run".to_string(),
+            },
+        ));
     }
     rows.push(row(
         "recall@10 of Grove against faiss's exact top-10",

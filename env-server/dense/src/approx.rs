@@ -17,6 +17,10 @@ pub enum ApproxError {
     Mismatch { path: PathBuf, found: String, expected: String },
 }
 
+/// Concurrent searches an opened index is prepared for; [`ApproxIndex::search_parallel`] uses
+/// at most a quarter of them, so several calls can overlap.
+const MAX_SEARCH_THREADS: usize = 64;
+
 /// Graph parameters (the defaults are usearch's own); zero means usearch's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -111,7 +115,10 @@ impl ApproxIndex {
                     })
                 })
                 .collect();
-            handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Err("a build thread panicked".into())).err()).collect()
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().unwrap_or_else(|_| Err("a build thread panicked".into())).err())
+                .collect()
         });
         if let Some(first) = failures.into_iter().next() {
             return Err(ApproxError::Index { path: flat.path().to_path_buf(), message: first });
@@ -122,10 +129,15 @@ impl ApproxIndex {
 
     /// Write the index to `path`.
     pub fn save(&mut self, path: &Path) -> Result<(), ApproxError> {
-        let s = path.to_str().ok_or_else(|| ApproxError::Index { path: path.to_path_buf(), message: "not UTF-8".into() })?;
+        let s = path
+            .to_str()
+            .ok_or_else(|| ApproxError::Index { path: path.to_path_buf(), message: "not UTF-8".into() })?;
         let partial = format!("{s}.partial");
-        self.index.save(&partial).map_err(|e| ApproxError::Index { path: path.to_path_buf(), message: e.to_string() })?;
-        std::fs::rename(&partial, path).map_err(|e| ApproxError::Index { path: path.to_path_buf(), message: e.to_string() })?;
+        self.index
+            .save(&partial)
+            .map_err(|e| ApproxError::Index { path: path.to_path_buf(), message: e.to_string() })?;
+        std::fs::rename(&partial, path)
+            .map_err(|e| ApproxError::Index { path: path.to_path_buf(), message: e.to_string() })?;
         self.path = Some(path.to_path_buf());
         Ok(())
     }
@@ -155,6 +167,9 @@ impl ApproxIndex {
         if expansion_search > 0 {
             index.change_expansion_search(expansion_search);
         }
+        // usearch keeps one search context per concurrent caller and refuses a search beyond
+        // them; a view starts with too few. Contexts are small (a visited set each).
+        index.reserve_capacity_and_threads(index.size(), MAX_SEARCH_THREADS).map_err(|e| err(e.to_string()))?;
         Ok(ApproxIndex { index, metric, dim: flat.dim(), path: Some(path.to_path_buf()) })
     }
 
@@ -171,10 +186,15 @@ impl ApproxIndex {
     }
 
     /// [`search`](Self::search) with the queries spread over `threads` threads (0 = every core).
-    pub fn search_parallel(&self, queries: &[f32], k: usize, threads: usize) -> Result<Vec<Vec<Neighbour>>, ApproxError> {
+    pub fn search_parallel(
+        &self,
+        queries: &[f32],
+        k: usize,
+        threads: usize,
+    ) -> Result<Vec<Vec<Neighbour>>, ApproxError> {
         let nq = queries.len() / self.dim.max(1);
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |t| t.get()) } else { threads };
-        let threads = threads.clamp(1, nq.max(1));
+        let threads = threads.clamp(1, nq.max(1)).min(MAX_SEARCH_THREADS / 4);
         if threads == 1 {
             return self.search(queries, k);
         }
@@ -183,7 +203,11 @@ impl ApproxIndex {
             let handles: Vec<_> = queries.chunks(per).map(|part| s.spawn(move || self.search(part, k))).collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(ApproxError::Index { path: PathBuf::new(), message: "a search thread panicked".into() })))
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ApproxError::Index { path: PathBuf::new(), message: "a search thread panicked".into() })
+                    })
+                })
                 .collect()
         });
         let mut out = Vec::with_capacity(nq);
@@ -250,12 +274,15 @@ mod tests {
     #[test]
     fn hnsw_finds_the_exact_neighbours_and_round_trips() {
         let dir = tempfile::tempdir().unwrap();
+        // Uniform random vectors are the hardest case for a graph: a wider search than the
+        // defaults, fixed here so the test does not move with them.
+        let params = HnswParams { connectivity: 32, expansion_add: 128, expansion_search: 128 };
         for metric in [Metric::InnerProduct, Metric::L2] {
             let flat = random_flat(dir.path(), 4000, 32, metric);
-            let mut built = ApproxIndex::build(&flat, HnswParams::default(), 2, &|_| {}).unwrap();
+            let mut built = ApproxIndex::build(&flat, params, 2, &|_| {}).unwrap();
             let path = default_path(flat.path());
             built.save(&path).unwrap();
-            let approx = ApproxIndex::open(&path, &flat, 0).unwrap();
+            let approx = ApproxIndex::open(&path, &flat, params.expansion_search).unwrap();
             assert_eq!(approx.len(), 4000);
             let queries: Vec<f32> = (0..50).flat_map(|r| flat.vector(r * 7)).collect();
             let exact = crate::exact::search(&flat, &queries, 10, 1);

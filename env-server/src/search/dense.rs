@@ -257,7 +257,9 @@ impl DenseBackend {
         };
         let found = match &inner.approx {
             None => grove_dense::search(&inner.index, &vectors, topk, inner.threads),
-            Some(approx) => approx.search_parallel(&vectors, topk, inner.threads).map_err(|e| SearchError::Index(e.to_string()))?,
+            Some(approx) => {
+                approx.search_parallel(&vectors, topk, inner.threads).map_err(|e| SearchError::Index(e.to_string()))?
+            }
         };
         found
             .into_iter()
