@@ -310,6 +310,29 @@ fn open_files_limit() -> u64 {
 const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
                        Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
 
+/// RFC 6455 §4.2.2: an upgrade asking for a WebSocket version other than 13 (or none) is
+/// answered 426 with `Sec-WebSocket-Version: 13`, not switched; version 13 still upgrades.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_websocket_version_gets_426() {
+    let server = ChildServer::start("").await;
+    let addr = server.addr();
+    for version in [Some("99"), Some("8"), None] {
+        let head = match version {
+            Some(v) => UPGRADE.replace("Sec-WebSocket-Version: 13", &format!("Sec-WebSocket-Version: {v}")),
+            None => UPGRADE.replace("Sec-WebSocket-Version: 13\r\n", ""),
+        };
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut reply = vec![0u8; 4096];
+        let n = tokio::time::timeout(LIVENESS, s.read(&mut reply)).await.unwrap().unwrap();
+        let reply = String::from_utf8_lossy(&reply[..n]).to_ascii_lowercase();
+        assert!(reply.starts_with("http/1.1 426"), "{version:?}: {reply}");
+        assert!(reply.contains("sec-websocket-version: 13"), "{version:?}: {reply}");
+    }
+    drop(raw_tcp_ws(&addr).await);
+    drop(server);
+}
+
 /// A WebSocket opened by hand, for frame-level abuse below tungstenite.
 async fn raw_tcp_ws(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();

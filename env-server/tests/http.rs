@@ -56,13 +56,39 @@ async fn retrieve_in_both_dialects() {
     assert_eq!(r.status().as_u16(), 400);
     let (status, body) = post(&url, json!({"queries": ["x".repeat(5000)]})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("action_too_long")));
+    // Parameters that would otherwise be read as the default are typed errors (the raw body
+    // keeps 2^64 as written).
+    let bad = [
+        json!({"queries": ["Tollmouth"], "topk": -1}),
+        json!({"queries": ["Tollmouth"], "topk": "3"}),
+        json!({"queries": ["Tollmouth"], "topk": 1.5}),
+        json!({"queries": ["Tollmouth"], "topk": 0}),
+        json!({"queries": ["Tollmouth"], "topk": 101}),
+        json!({"queries": ["Tollmouth"], "top_k": [3]}),
+        json!({"queries": ["Tollmouth"], "return_scores": "yes"}),
+        json!({"queries": ["Tollmouth"], "return_scores": 1}),
+    ];
+    let mut raw = vec![r#"{"queries": ["Tollmouth"], "topk": 18446744073709551616}"#.to_string()];
+    raw.extend(bad.iter().map(Value::to_string));
+    for body in raw {
+        let r = reqwest::Client::new().post(&url).body(body.clone()).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "malformed_frame", "{body}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("topk") || message.contains("return_scores"), "{body}: {message}");
+    }
+    // The largest allowed top-k and an explicit `null` are fine.
+    let (status, body) = post(&url, json!({"queries": ["Tollmouth"], "topk": 100, "return_scores": null})).await;
+    assert_eq!(status, 200);
+    assert!(body["result"][0][0].get("score").is_none());
 
     // /health and /metrics.
     let health: Value = reqwest::get(server.http("/health")).await.unwrap().json().await.unwrap();
     assert_eq!(health["status"], "ok");
     let metrics = reqwest::get(server.http("/metrics")).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("grove_retrieve_requests_total 7"), "{metrics}");
-    assert!(metrics.contains("grove_errors_total{code=\"malformed_frame\"} 2"), "{metrics}");
+    assert!(metrics.contains("grove_retrieve_requests_total 17"), "{metrics}");
+    assert!(metrics.contains("grove_errors_total{code=\"malformed_frame\"} 11"), "{metrics}");
     assert!(metrics.contains("grove_search_latency_seconds_count"));
     assert_eq!(reqwest::get(server.http("/nope")).await.unwrap().status().as_u16(), 404);
     server.shutdown().await;

@@ -118,6 +118,19 @@ async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Bod
 }
 
 fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+    // RFC 6455 §4.2.2: a version other than 13 gets 426 and the version this server speaks.
+    let version = req.headers().get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes().trim_ascii());
+    if version != Some(b"13".as_slice()) {
+        let shown = version.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_else(|| "none".into());
+        let mut r = error(
+            &ctx,
+            StatusCode::UPGRADE_REQUIRED,
+            ErrorCode::MalformedFrame,
+            format!("Sec-WebSocket-Version {shown}: this server speaks version 13"),
+        );
+        r.headers_mut().insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+        return r;
+    }
     let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).map(|k| derive_accept_key(k.as_bytes())) else {
         return error(&ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "missing Sec-WebSocket-Key");
     };
@@ -197,14 +210,43 @@ async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
             format!("query of {} characters; the limit is {}", q.chars().count(), limits.max_query_chars),
         );
     }
-    let topk = parsed
-        .get("topk")
-        .or_else(|| parsed.get("top_k"))
-        .and_then(Value::as_u64)
-        .filter(|k| *k > 0)
-        .map_or(ctx.config.episodes.topk as usize, |k| k as usize)
-        .min(limits.max_topk as usize);
-    let with_scores = parsed.get("return_scores").and_then(Value::as_bool).unwrap_or(false);
+    // `topk` (or `top_k`): absent or null means the server default; anything else must be a
+    // whole number from 1 to the limit. A value that would be read as something else (`-1`,
+    // `"3"`, `1.5`, 2^64) is refused, not replaced by the default.
+    let topk = match parsed.get("topk").or_else(|| parsed.get("top_k")) {
+        None | Some(Value::Null) => (ctx.config.episodes.topk as usize).min(limits.max_topk as usize),
+        Some(v) => match v.as_u64() {
+            Some(k) if k >= 1 && k <= u64::from(limits.max_topk) => k as usize,
+            Some(k) if k >= 1 => {
+                return error(
+                    ctx,
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::MalformedFrame,
+                    format!("`topk` {k} is over the limit of {}", limits.max_topk),
+                );
+            }
+            _ => {
+                return error(
+                    ctx,
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::MalformedFrame,
+                    format!("`topk` must be a whole number from 1 to {}, not {v}", limits.max_topk),
+                );
+            }
+        },
+    };
+    let with_scores = match parsed.get("return_scores") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return error(
+                ctx,
+                StatusCode::BAD_REQUEST,
+                ErrorCode::MalformedFrame,
+                format!("`return_scores` must be true or false, not {v}"),
+            );
+        }
+    };
     if queries.is_empty() {
         return respond(StatusCode::OK, "application/json", json!({ "result": [] }).to_string());
     }
