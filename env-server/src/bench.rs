@@ -53,14 +53,19 @@ pub struct BenchArgs {
 }
 
 /// One figure of the report: what, its value (formatted), its unit, and a baseline or note.
-struct Row {
-    figure: String,
-    value: String,
-    unit: &'static str,
-    note: String,
+pub(crate) struct Row {
+    pub(crate) figure: String,
+    pub(crate) value: String,
+    pub(crate) unit: &'static str,
+    pub(crate) note: String,
 }
 
-fn row(figure: impl Into<String>, value: impl Into<String>, unit: &'static str, note: impl Into<String>) -> Row {
+pub(crate) fn row(
+    figure: impl Into<String>,
+    value: impl Into<String>,
+    unit: &'static str,
+    note: impl Into<String>,
+) -> Row {
     Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
 }
 

@@ -22,6 +22,8 @@ use grove_env_server::config::{DenseConfig, DenseDevice};
 use grove_env_server::search::SearchBackend;
 use grove_env_server::search::dense::{DenseBackend, HybridBackend, load_encoder};
 
+use crate::bench::{Row, row};
+
 #[derive(clap::Args, Debug)]
 pub struct BenchDenseArgs {
     /// Vectors in the synthetic flat index.
@@ -58,17 +60,6 @@ pub struct BenchDenseArgs {
     /// Encoder for the quality part (default: all-MiniLM-L6-v2 from `cargo xtask assets`).
     #[arg(long)]
     model: Option<PathBuf>,
-}
-
-struct Row {
-    figure: String,
-    value: String,
-    unit: &'static str,
-    note: String,
-}
-
-fn row(figure: impl Into<String>, value: impl Into<String>, unit: &'static str, note: impl Into<String>) -> Row {
-    Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
 }
 
 /// Resident memory of this process from `/proc/self/status`: (total, anonymous, file-backed), KiB.
