@@ -206,12 +206,29 @@ pub struct LimitsConfig {
     pub max_episode_age_secs: u64,
     /// Connections that send nothing for this long are closed.
     pub connection_idle_secs: u64,
+    /// Announced heartbeat period: clients ping when they have sent nothing for this long, and
+    /// treat a connection silent for twice this as dropped.
+    pub heartbeat_secs: u64,
+    /// After a WebSocket drops, its session (episodes and owed replies) waits this long for the
+    /// client to reattach with its resume token before its episodes are closed. 0: no reattach;
+    /// a drop closes the episodes at once.
+    pub reattach_grace_secs: u64,
+    /// A reply that cannot be written within this long (a client that stopped reading, or a
+    /// peer that vanished without a reset) ends its connection.
+    pub write_timeout_secs: u64,
+    /// Bytes of recent replies a session keeps for replay after a drop (the most recent reply
+    /// is kept whatever its size). A reply pushed out before its client reattached is answered
+    /// with `reply_lost`.
+    pub replay_buffer_bytes: usize,
     /// Documents in one HTTP `/retrieve` request.
     pub max_retrieve_queries: usize,
     /// An HTTP request head (the WebSocket upgrade included) must arrive in full within this
     /// long of the connection opening or of the previous response; otherwise the connection is
     /// closed (slowloris, and TCP connections that never send anything).
     pub http_header_timeout_secs: u64,
+    /// An HTTP request (head and body) must arrive in full within this long of its first byte,
+    /// or the connection is closed; a body that never finishes holds nothing forever.
+    pub http_request_timeout_secs: u64,
 }
 
 impl Default for LimitsConfig {
@@ -231,8 +248,13 @@ impl Default for LimitsConfig {
             idle_timeout_secs: 600,
             max_episode_age_secs: 24 * 3600,
             connection_idle_secs: 900,
+            heartbeat_secs: 15,
+            reattach_grace_secs: 60,
+            write_timeout_secs: 60,
+            replay_buffer_bytes: 8 << 20,
             max_retrieve_queries: 4_096,
             http_header_timeout_secs: 30,
+            http_request_timeout_secs: 60,
         }
     }
 }
@@ -256,6 +278,8 @@ impl LimitsConfig {
             max_turns: max_turns_default,
             idle_timeout_ms: self.idle_timeout_secs.saturating_mul(1000),
             connection_idle_ms: self.connection_idle_secs.saturating_mul(1000),
+            heartbeat_ms: self.heartbeat_secs.saturating_mul(1000),
+            max_in_flight: clamp(self.max_in_flight_per_connection),
         }
     }
 }

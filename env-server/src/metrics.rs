@@ -62,6 +62,16 @@ pub struct Metrics {
     pub searches: AtomicU64,
     pub search_errors: AtomicU64,
     pub connections: AtomicU64,
+    /// Every accepted TCP connection holding a slot of the connection budget (HTTP and
+    /// WebSocket alike).
+    pub tcp_connections: AtomicU64,
+    /// Connections closed at accept because the budget and its refusal overflow were full.
+    pub connections_refused: AtomicU64,
+    /// Sessions whose connection dropped and that wait for a reattach.
+    pub sessions_detached: AtomicU64,
+    pub reattaches: AtomicU64,
+    /// Sessions whose grace period ran out; their episodes were closed.
+    pub sessions_expired: AtomicU64,
     pub retrieve_requests: AtomicU64,
     pub search_latency: Histogram,
     pub step_latency: Histogram,
@@ -92,6 +102,31 @@ impl Metrics {
         gauge("grove_searches_total", "counter", "Search queries answered by backends.", &self.searches);
         gauge("grove_search_errors_total", "counter", "Search batches that failed.", &self.search_errors);
         gauge("grove_connections", "gauge", "Open WebSocket connections.", &self.connections);
+        gauge(
+            "grove_tcp_connections",
+            "gauge",
+            "TCP connections holding a slot of the connection budget.",
+            &self.tcp_connections,
+        );
+        gauge(
+            "grove_connections_refused_total",
+            "counter",
+            "Connections closed at accept: budget full.",
+            &self.connections_refused,
+        );
+        gauge(
+            "grove_sessions_detached",
+            "gauge",
+            "Sessions waiting for a reattach after a drop.",
+            &self.sessions_detached,
+        );
+        gauge("grove_reattaches_total", "counter", "Sessions reattached by a new connection.", &self.reattaches);
+        gauge(
+            "grove_sessions_expired_total",
+            "counter",
+            "Detached sessions closed at the end of their grace period.",
+            &self.sessions_expired,
+        );
         gauge("grove_retrieve_requests_total", "counter", "HTTP /retrieve requests.", &self.retrieve_requests);
         let _ = writeln!(out, "# HELP grove_errors_total Error replies by code.\n# TYPE grove_errors_total counter");
         for (code, n) in ErrorCode::ALL.iter().zip(&self.errors) {

@@ -209,7 +209,7 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     let url = format!("ws://{addr}/");
     let mut clients = Vec::new();
     for i in 0..args.connections {
-        let options = ClientOptions { token: None, name: Some(format!("soak-{i}")) };
+        let options = ClientOptions { token: None, name: Some(format!("soak-{i}")), ..Default::default() };
         clients.push(Arc::new(Client::connect(&url, options).await.context("connect to the soak server")?));
     }
     let shared = Arc::new(Shared {

@@ -128,7 +128,7 @@ async fn tokens_and_keys_never_reach_the_logs() {
         .spawn()
         .unwrap();
     let url = format!("ws://127.0.0.1:{port}/");
-    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None };
+    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None, ..Default::default() };
     let mut up = false;
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

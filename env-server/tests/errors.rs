@@ -44,7 +44,7 @@ fn err_of(env: &Envelope<Response>) -> (u64, ErrorCode) {
 }
 
 fn hello() -> Request {
-    Request::Hello(Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into() })
+    Request::Hello(Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into(), resume: None })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +58,7 @@ async fn malformed_and_oversize_frames_are_typed_errors() {
     // Before Hello: handshake_required, with the id.
     assert_eq!(err_of(&send(&mut ws, frame(5, Request::Stats)).await), (5, ErrorCode::HandshakeRequired));
     // Wrong version.
-    let v2 = Request::Hello(Hello { protocol_version: 2, client: "x".into() });
+    let v2 = Request::Hello(Hello { protocol_version: 2, client: "x".into(), resume: None });
     assert_eq!(err_of(&send(&mut ws, frame(6, v2)).await), (6, ErrorCode::UnsupportedVersion));
     assert!(matches!(send(&mut ws, frame(7, hello())).await.msg, Response::Welcome(_)));
     assert_eq!(err_of(&send(&mut ws, frame(8, hello())).await), (8, ErrorCode::HandshakeRequired));
@@ -208,7 +208,7 @@ async fn bearer_token_guards_websocket_and_http() {
     grove_env_server::install_tls_provider();
     let config = ServerConfig { token: Some("s3cret".into()), ..Default::default() };
     let server = TestServer::start(config).await;
-    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None };
+    let with = |t: &str| ClientOptions { token: Some(t.into()), name: None, ..Default::default() };
     assert!(Client::connect(&server.url(), ClientOptions::default()).await.is_err());
     assert!(Client::connect(&server.url(), with("wrong")).await.is_err());
     let c = Client::connect(&server.url(), with("s3cret")).await.unwrap();
@@ -222,4 +222,78 @@ async fn bearer_token_guards_websocket_and_http() {
     let r = http.post(server.http("/retrieve")).bearer_auth("s3cret").json(&body).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     server.shutdown().await;
+}
+
+fn welcome_of(env: &Envelope<Response>) -> Welcome {
+    match &env.msg {
+        Response::Welcome(w) => w.clone(),
+        other => panic!("expected a Welcome, got {other:?}"),
+    }
+}
+
+fn resume(token: &str, pending: Vec<u64>) -> Request {
+    Request::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "raw".into(),
+        resume: Some(Resume { token: token.into(), pending }),
+    })
+}
+
+/// Reattach, frame by frame: the Welcome carries a session token; after a drop, a Hello with
+/// that token and the pending ids gets a Welcome that names the ids never received (to send
+/// again), then the replies the server still holds, replayed; ids whose replies fell out of the
+/// replay buffer get `reply_lost`; an unknown token, or too many pending ids, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reattach_replays_held_replies_and_names_the_ones_never_received() {
+    let mut config = ServerConfig::default();
+    config.limits.replay_buffer_bytes = 600;
+    config.limits.max_in_flight_per_connection = 8;
+    let server = TestServer::start(config).await;
+    let mut ws = raw(&server).await;
+    let w = welcome_of(&send(&mut ws, frame(1, hello())).await);
+    let session = w.session.expect("a session");
+    assert_eq!((session.token.len(), session.grace_ms), (32, 60_000));
+    assert_eq!((w.limits.heartbeat_ms, w.limits.max_in_flight), (15_000, 8));
+    let created = send(
+        &mut ws,
+        frame(
+            2,
+            Request::CreateEpisodes(CreateEpisodes { tasks: vec![em_task()], options: EpisodeOptions::default() }),
+        ),
+    )
+    .await;
+    let Response::EpisodesCreated(c) = created.msg else { panic!() };
+    let episode = c.episodes[0].as_ref().unwrap().episode;
+    // Replies 3..=6: four pings, each small; the replay buffer holds only the last few.
+    for id in 3..=6 {
+        assert!(matches!(send(&mut ws, frame(id, Request::Ping(Ping { nonce: id }))).await.msg, Response::Pong(_)));
+    }
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Unknown token.
+    let mut other = raw(&server).await;
+    assert_eq!(err_of(&send(&mut other, frame(1, resume("00", vec![]))).await), (1, ErrorCode::SessionExpired));
+    // More pending ids than requests can be in flight.
+    assert_eq!(
+        err_of(&send(&mut other, frame(2, resume(&session.token, (1..=9).collect()))).await),
+        (2, ErrorCode::MalformedFrame)
+    );
+
+    // Pending: 2 (create: its reply, over 600 bytes with the prompt, was pushed out), 6 (the last
+    // ping, still held), 99 (never sent).
+    let mut ws = raw(&server).await;
+    let w = welcome_of(&send(&mut ws, frame(10, resume(&session.token, vec![2, 6, 99]))).await);
+    assert_eq!(w.session.unwrap().token, session.token);
+    let resumed = w.resumed.expect("resumed");
+    assert_eq!((resumed.replayed, resumed.resend), (1, vec![99]));
+    let mut got = vec![recv(&mut ws).await, recv(&mut ws).await];
+    got.sort_by_key(|e| e.id);
+    assert_eq!(err_of(&got[0]), (2, ErrorCode::ReplyLost));
+    assert_eq!(got[1], Envelope::new(6, Response::Pong(Ping { nonce: 6 })));
+    // The session's episode belongs to the new connection.
+    let step = StepAction { episode, action: Action::Text("<answer> Ada Kerrigan </answer>".into()) };
+    let stepped = send(&mut ws, frame(99, Request::Step(Step { actions: vec![step] }))).await;
+    let Response::Stepped(s) = stepped.msg else { panic!("{stepped:?}") };
+    assert_eq!(s.results[0].as_ref().unwrap().reward.as_ref().unwrap().metric_value, 1.0);
 }

@@ -41,6 +41,11 @@ struct ChildServer {
 impl ChildServer {
     /// Start `env-server serve` over a copy of the fixture corpus with `toml` as its config.
     async fn start(toml: &str) -> ChildServer {
+        Self::start_limited(toml, None).await
+    }
+
+    /// The same, with the server's open-file limit lowered to `nofile` (`ulimit -n`).
+    async fn start_limited(toml: &str, nofile: Option<u64>) -> ChildServer {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.jsonl");
         std::fs::copy(fixture("wiki18-sample.jsonl"), &corpus).unwrap();
@@ -48,7 +53,15 @@ impl ChildServer {
         std::fs::write(&config, toml).unwrap();
         let log = dir.path().join("server.log");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(env!("CARGO_BIN_EXE_env-server"))
+        let mut command = match nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_env-server")),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_env-server")]);
+                c
+            }
+        };
+        let child = command
             .args(["serve", "--config"])
             .arg(&config)
             .arg("--corpus")
@@ -134,7 +147,10 @@ struct Good {
 impl Good {
     /// Connect (so the client holds its connection slot before any attack starts) and loop.
     async fn start(url: &str) -> Good {
-        let client = Client::connect(url, ClientOptions { token: None, name: Some("good".into()) }).await.unwrap();
+        let client =
+            Client::connect(url, ClientOptions { token: None, name: Some("good".into()), ..Default::default() })
+                .await
+                .unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
@@ -214,7 +230,7 @@ async fn raw(url: &str) -> Ws {
 
 async fn raw_hello(url: &str) -> Ws {
     let mut ws = raw(url).await;
-    let hello = Request::Hello(Hello { protocol_version: PROTOCOL_VERSION, client: "hostile".into() });
+    let hello = Request::Hello(Hello { protocol_version: PROTOCOL_VERSION, client: "hostile".into(), resume: None });
     ws.send(frame(1, hello)).await.unwrap();
     assert!(matches!(recv(&mut ws).await.msg, Response::Welcome(_)));
     ws
@@ -640,6 +656,18 @@ async fn slowloris_and_thousands_of_idle_connections() {
     let before = server.rss_kb();
     let good = Good::start(&server.url()).await;
 
+    // Silent WebSockets, 100 of them against a limit of 64 (the good client holds one slot):
+    // 63 are served; the others are told `too_many_connections` (a few at a time) or, when even
+    // the refusal overflow is full, closed at accept.
+    let mut silent = Vec::new();
+    let mut closed_at_accept = 0;
+    for _ in 0..100 {
+        let config = WebSocketConfig::default().max_message_size(None).max_frame_size(None);
+        match tokio_tungstenite::connect_async_with_config(server.url(), Some(config), false).await {
+            Ok((ws, _)) => silent.push(ws),
+            Err(_) => closed_at_accept += 1,
+        }
+    }
     let limit = open_files_limit();
     let mut idle_n = 2_000usize;
     if limit < 3_000 {
@@ -673,11 +701,6 @@ async fn slowloris_and_thousands_of_idle_connections() {
             }
         }));
     }
-    // Silent WebSockets, 100 of them against a limit of 64 (the good client holds one slot).
-    let mut silent = Vec::new();
-    for _ in 0..100 {
-        silent.push(raw(&server.url()).await);
-    }
     let opened = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_peak = server.rss_kb();
@@ -687,8 +710,12 @@ async fn slowloris_and_thousands_of_idle_connections() {
     let outcomes = futures_util::future::join_all(checks).await;
     let refused = outcomes.iter().filter(|(_, codes)| codes == &[ErrorCode::TooManyConnections]).count();
     assert!(outcomes.iter().all(|(closed, _)| *closed), "every silent WebSocket is closed");
-    assert_eq!(refused, 100 - 63, "the ones over the limit were refused with too_many_connections");
-    println!("[{T}] silent WebSockets closed after {:?}; {refused} refused at the limit", opened.elapsed());
+    assert!(refused >= 1, "over the limit, connections are told too_many_connections");
+    assert_eq!(refused + closed_at_accept, 100 - 63, "the ones over the limit were refused");
+    println!(
+        "[{T}] silent WebSockets closed after {:?}; {refused} refused at the limit, {closed_at_accept} closed at accept",
+        opened.elapsed()
+    );
 
     let checks = idle.iter_mut().map(|s| tcp_closed_within(s, Duration::from_secs(8)));
     let closed = futures_util::future::join_all(checks).await.into_iter().filter(|c| *c).count();
@@ -821,5 +848,162 @@ async fn megabyte_actions_and_queries() {
         c.close(eps).await.unwrap();
     }
     good.finish(T).await;
+    server.check_rss(T, before);
+}
+
+/// `GET path` over a fresh TCP connection: the status code and the body (None when the server
+/// closed the connection without an answer, as it does at accept when its budget is full).
+async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.ok()?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(LIVENESS, s.read_to_end(&mut reply)).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// One gauge of `/metrics`.
+async fn gauge(addr: &str, name: &str) -> Option<u64> {
+    let (status, body) = http_get(addr, "/metrics").await?;
+    if status != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Wait until `name` reads `want`, at most `within`; the last reading.
+async fn gauge_settles(addr: &str, name: &str, want: u64, within: Duration) -> Option<u64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = gauge(addr, name).await;
+        if v == Some(want) || Instant::now() > deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Slow request bodies: 300 `POST /retrieve` whose heads are complete and whose bodies never
+/// finish, against a server whose open-file limit is 256 (the probe that once locked out every
+/// new client with `Too many open files`). HTTP connections count against the one connection
+/// budget, which the server fits under its open-file limit: those holding a slot get `408` at
+/// the request deadline and are closed, a few over the budget get `503 too_many_connections`,
+/// the rest are closed at accept. The good client, connected before, never notices; after the
+/// deadline a new WebSocket client and `/health` are served, and the gauges are back where
+/// they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_are_cut_at_their_deadline_within_one_connection_budget() {
+    const T: &str = "slow-body";
+    let toml = "[limits]\nhttp_request_timeout_secs = 2\nhttp_header_timeout_secs = 2\n";
+    let mut server = ChildServer::start_limited(toml, Some(256)).await;
+    let addr = server.addr();
+    let before = server.rss_kb();
+    let good = Good::start(&server.url()).await;
+    let baseline = gauge(&addr, "grove_tcp_connections").await.expect("metrics");
+
+    let head = "POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Content-Length: 1000\r\n\r\n{\"queries\": [\"har";
+    let started = Instant::now();
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let Ok(mut s) = TcpStream::connect(&addr).await else { continue };
+        let _ = s.write_all(head.as_bytes()).await;
+        slow.push(s);
+    }
+    assert_eq!(slow.len(), 300, "the kernel accepted every connection");
+    let outcomes = futures_util::future::join_all(slow.into_iter().map(|mut s| async move {
+        let mut reply = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut reply)).await;
+        let closed = matches!(read, Ok(Ok(_)) | Ok(Err(_)));
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        (closed, text.split_whitespace().nth(1).map(str::to_owned))
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    let count = |code: &str| outcomes.iter().filter(|(_, s)| s.as_deref() == Some(code)).count();
+    let (timed_out, refused) = (count("408"), count("503"));
+    let at_accept = outcomes.iter().filter(|(_, s)| s.is_none()).count();
+    println!(
+        "[{T}] 300 slow bodies: {timed_out} got 408 at the deadline, {refused} got 503, {at_accept} closed at \
+         accept; all closed after {elapsed:?}"
+    );
+    assert!(outcomes.iter().all(|(closed, _)| *closed), "every slow body is closed");
+    assert!(timed_out >= 100, "connections within the budget wait for the deadline, then get 408");
+    assert!(refused >= 1, "a few over the budget are told 503");
+    assert_eq!(timed_out + refused + at_accept, 300);
+    assert!(elapsed < Duration::from_secs(8), "closed at the 2 s deadline, not later: {elapsed:?}");
+
+    // After the deadline, new clients are served again.
+    let late = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
+    assert_eq!(late.ping(3).await.unwrap(), 3);
+    drop(late);
+    let (status, _) = http_get(&addr, "/health").await.expect("/health answers");
+    assert_eq!(status, 200);
+    let settled = gauge_settles(&addr, "grove_tcp_connections", baseline, Duration::from_secs(5)).await;
+    assert_eq!(settled, Some(baseline), "every slow connection gave its slot back");
+    good.finish(T).await;
+    assert!(!server.log_tail().contains("Too many open files"), "{}", server.log_tail());
+    server.check_rss(T, before);
+}
+
+/// A client that floods `GetTranscript` (kilobyte replies), never reads, then closes its
+/// socket: the server's writer is blocked on a full socket and its reader waits for in-flight
+/// permits that only the writer gives back. The close must still release everything: the
+/// connection and episode gauges return to their baseline within the reattach grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_released_when_it_closes() {
+    const T: &str = "never-reads";
+    let toml = "[limits]\nreattach_grace_secs = 1\n";
+    let mut server = ChildServer::start(toml).await;
+    let addr = server.addr();
+    let before = server.rss_kb();
+    let base_conns = gauge(&addr, "grove_connections").await.unwrap();
+    let base_live = gauge(&addr, "grove_episodes_live").await.unwrap();
+
+    let mut ws = raw_hello(&server.url()).await;
+    ws.send(frame(2, Request::CreateEpisodes(CreateEpisodes { tasks: vec![em_task()], options: Default::default() })))
+        .await
+        .unwrap();
+    let Response::EpisodesCreated(c) = recv(&mut ws).await.msg else { panic!() };
+    let episode = c.episodes[0].as_ref().unwrap().episode;
+    for (i, q) in ["harbor bridge", "port elmsworth", "kerrigan"].iter().enumerate() {
+        let step = StepAction { episode, action: Action::Text(format!("<search> {q} </search>")) };
+        ws.send(frame(3 + i as u64, Request::Step(Step { actions: vec![step] }))).await.unwrap();
+        recv(&mut ws).await;
+    }
+    // Flood without reading until the sockets are full both ways.
+    let mut sent = 0u64;
+    'flood: for batch in 0..2_000u64 {
+        for i in 0..100 {
+            let id = 100 + batch * 100 + i;
+            if ws.feed(frame(id, Request::GetTranscript(GetTranscript { episode }))).await.is_err() {
+                break 'flood;
+            }
+        }
+        match tokio::time::timeout(Duration::from_millis(500), ws.flush()).await {
+            Ok(Ok(())) => sent += 100,
+            _ => break,
+        }
+    }
+    let conns = gauge(&addr, "grove_connections").await;
+    assert!(conns.is_some_and(|c| c > base_conns), "the flooding connection is open: {conns:?}");
+    assert_eq!(gauge(&addr, "grove_episodes_live").await.unwrap(), base_live + 1);
+    let (queued_kb, _) = (server.rss_kb(), ());
+    println!("[{T}] {sent} transcript requests sent before the sockets filled (server VmRSS {queued_kb} KiB)");
+    assert!(sent >= 1_000, "the flood filled the sockets");
+    // Close with unread data (a reset), then check the gauges.
+    drop(ws);
+    let closed = Instant::now();
+    let conns = gauge_settles(&addr, "grove_connections", base_conns, Duration::from_secs(10)).await;
+    assert_eq!(conns, Some(base_conns), "the connection is released");
+    let live = gauge_settles(&addr, "grove_episodes_live", base_live, Duration::from_secs(10)).await;
+    assert_eq!(live, Some(base_live), "its episode is closed once the grace period ends");
+    println!("[{T}] connection and episode released {:?} after the client closed", closed.elapsed());
+    assert_eq!(gauge(&addr, "grove_sessions_detached").await, Some(0));
+    let late = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
+    assert_eq!(late.ping(5).await.unwrap(), 5);
     server.check_rss(T, before);
 }

@@ -20,6 +20,12 @@ pub enum ErrorCode {
     /// A request arrived before `Hello`, or `Hello` arrived twice.
     HandshakeRequired,
     Unauthorized,
+    /// `Hello::resume` named a session that does not exist or whose grace period ran out; its
+    /// episodes are closed.
+    SessionExpired,
+    /// After a reattach: the reply to this request was produced but no longer held (it fell out
+    /// of the server's replay buffer). The request's work was done; do not send it again.
+    ReplyLost,
     UnknownEpisode,
     /// The episode already finished; it can still be forked at an earlier step.
     EpisodeDone,
@@ -55,13 +61,15 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numbering order.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::MalformedFrame,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnsupportedFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::HandshakeRequired,
         ErrorCode::Unauthorized,
+        ErrorCode::SessionExpired,
+        ErrorCode::ReplyLost,
         ErrorCode::UnknownEpisode,
         ErrorCode::EpisodeDone,
         ErrorCode::InvalidStep,
@@ -90,6 +98,8 @@ impl ErrorCode {
             ErrorCode::UnsupportedVersion => 103,
             ErrorCode::HandshakeRequired => 104,
             ErrorCode::Unauthorized => 105,
+            ErrorCode::SessionExpired => 106,
+            ErrorCode::ReplyLost => 107,
             ErrorCode::UnknownEpisode => 200,
             ErrorCode::EpisodeDone => 201,
             ErrorCode::InvalidStep => 202,
@@ -119,6 +129,8 @@ impl ErrorCode {
             ErrorCode::UnsupportedVersion => "unsupported_version",
             ErrorCode::HandshakeRequired => "handshake_required",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::SessionExpired => "session_expired",
+            ErrorCode::ReplyLost => "reply_lost",
             ErrorCode::UnknownEpisode => "unknown_episode",
             ErrorCode::EpisodeDone => "episode_done",
             ErrorCode::InvalidStep => "invalid_step",

@@ -37,7 +37,22 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
             "hello",
             Envelope::new(
                 1,
-                Request::Hello(Hello { protocol_version: crate::PROTOCOL_VERSION, client: "grove-trainer/0.1".into() }),
+                Request::Hello(Hello {
+                    protocol_version: crate::PROTOCOL_VERSION,
+                    client: "grove-trainer/0.1".into(),
+                    resume: None,
+                }),
+            ),
+        ),
+        (
+            "hello_resume",
+            Envelope::new(
+                1,
+                Request::Hello(Hello {
+                    protocol_version: crate::PROTOCOL_VERSION,
+                    client: "grove-trainer/0.1".into(),
+                    resume: Some(Resume { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), pending: vec![3, 5] }),
+                }),
             ),
         ),
         (
@@ -105,7 +120,37 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                         max_turns: 3,
                         idle_timeout_ms: 600_000,
                         connection_idle_ms: 900_000,
+                        heartbeat_ms: 15_000,
+                        max_in_flight: 1024,
                     },
+                    session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
+                    resumed: None,
+                }),
+            ),
+        ),
+        (
+            "welcome_resumed",
+            Envelope::new(
+                1,
+                Response::Welcome(Welcome {
+                    protocol_version: crate::PROTOCOL_VERSION,
+                    server: "grove-env-server/0.1.0".into(),
+                    limits: Limits {
+                        max_frame_bytes: 1 << 20,
+                        max_episodes_per_connection: 4096,
+                        max_episodes_total: 65536,
+                        max_batch: 4096,
+                        max_forks_per_request: 4096,
+                        max_action_chars: 16384,
+                        max_query_chars: 1024,
+                        max_turns: 3,
+                        idle_timeout_ms: 600_000,
+                        connection_idle_ms: 900_000,
+                        heartbeat_ms: 15_000,
+                        max_in_flight: 1024,
+                    },
+                    session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
+                    resumed: Some(Resumed { replayed: 1, resend: vec![5] }),
                 }),
             ),
         ),

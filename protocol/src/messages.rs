@@ -64,6 +64,41 @@ pub struct Hello {
     pub protocol_version: u32,
     /// Free text naming the client, for logs.
     pub client: String,
+    /// Reattach to the session of a connection that dropped, within its grace period, instead
+    /// of opening a new one. Absent on a first connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// Which session to reattach to and which replies the client still waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// `Session::token` from the `Welcome` of the dropped connection.
+    pub token: String,
+    /// Ids of the requests the client sent and has no reply for (at most
+    /// `Limits::max_in_flight`). The server replays the replies it holds for them, once, right
+    /// after the `Welcome`, and lists the ids it never received in `Resumed::resend`.
+    pub pending: Vec<RequestId>,
+}
+
+/// The session a connection belongs to: its episodes, and the replies owed to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// Secret; presented in `Hello::resume` to reattach after a drop.
+    pub token: String,
+    /// How long after a drop the session's episodes wait for a reattach before they are
+    /// closed. 0: reattach is off and a drop closes them at once.
+    pub grace_ms: u64,
+}
+
+/// The outcome of a reattach, in its `Welcome`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// Replies replayed after this `Welcome`.
+    pub replayed: u32,
+    /// Pending ids the server never received: send those requests again, with the same ids.
+    /// Every other pending id is answered (replayed now, or later when its work completes).
+    pub resend: Vec<RequestId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +107,12 @@ pub struct Welcome {
     /// Server name and version, for logs.
     pub server: String,
     pub limits: Limits,
+    /// This connection's session; absent from servers without reattach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<Session>,
+    /// Present when the `Hello` asked to resume and the session was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Resumed>,
 }
 
 /// The limits a server enforces; exceeding one is answered with a typed error.
@@ -93,6 +134,15 @@ pub struct Limits {
     /// that may stay silent longer keeps it open with `Ping`. 0: not announced (older servers).
     #[serde(default)]
     pub connection_idle_ms: u64,
+    /// Heartbeat period: a client sends a WebSocket ping when it has sent nothing for this long,
+    /// and treats a connection that brings back no frame at all (pong or reply) within twice
+    /// this as dropped. 0: not announced.
+    #[serde(default)]
+    pub heartbeat_ms: u64,
+    /// Requests one connection may have in flight before the server stops reading from it.
+    /// 0: not announced.
+    #[serde(default)]
+    pub max_in_flight: u32,
 }
 
 /// How an episode's answer is scored.

@@ -6,7 +6,8 @@
 //! - An item the server refuses (an over-long query, a full episode table, an unknown episode)
 //!   comes back as that item's `Err(ErrorInfo)`; a request refused as a whole is the same error
 //!   for each of its items. Neither stops anything: the caller decides what a refused item means.
-//! - Only a broken connection is fatal: [`EnvError::Lost`] names the server and what was lost.
+//! - Only a connection lost for good is fatal (a blip is survived: the protocol client reconnects
+//!   and reattaches to its session): [`EnvError::Lost`] names the server and what was lost.
 //! - The client's I/O runs on its own runtime thread, and a keep-alive task pings the server
 //!   whenever the connection could otherwise fall silent for a third of the server's
 //!   `connection_idle_ms`, so a long update, evaluation or checkpoint on the tensor thread never
@@ -23,8 +24,10 @@ use grove_protocol::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    /// The connection to an env-server broke (the server died or the network went away): every
-    /// episode this client held there is gone with it.
+    /// The connection to an env-server broke and could not be reattached within the server's
+    /// grace period (the server died, or the network stayed away): every episode this client
+    /// held there is gone with it. A blip shorter than the grace period is survived (the
+    /// protocol client reconnects and reattaches on its own).
     #[error("env-server {url} went away ({why}); {live} live episodes there are lost")]
     Lost { url: String, live: u64, why: String },
     #[error("cannot connect to env-server {url}: {source}")]
@@ -181,7 +184,7 @@ impl EnvClient {
                 source: ClientError::BadRequest(format!("{} results for {n} items", items.len())),
             }),
             Err(ClientError::Server(info)) => Ok((0..n).map(|_| Err(info.clone())).collect()),
-            Err(e @ (ClientError::Closed | ClientError::WebSocket(_))) => {
+            Err(e @ (ClientError::Closed | ClientError::WebSocket(_) | ClientError::Disconnected(_))) => {
                 Err(EnvError::Lost { url: self.url.clone(), live: self.live_episodes(), why: e.to_string() })
             }
             Err(e) => Err(EnvError::Protocol { url: self.url.clone(), source: e }),

@@ -4,7 +4,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -13,6 +15,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -23,12 +26,43 @@ use grove_protocol::ErrorCode;
 
 type Body = Full<Bytes>;
 
+/// A connection's place in the one connection budget that HTTP and WebSocket connections share.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// A slot of `max_connections`, held until the connection closes (by the WebSocket task
+    /// after an upgrade).
+    Budget(OwnedSemaphorePermit),
+    /// Over the budget: every request is answered with `too_many_connections` and the
+    /// connection closed.
+    Refusing { _held: OwnedSemaphorePermit },
+}
+
+/// The slot of one TCP connection; a WebSocket upgrade takes it out.
+type SlotCell = Arc<Mutex<Option<Slot>>>;
+
+/// Counts a budget slot in `grove_tcp_connections` while it lives.
+struct Counted(Arc<crate::metrics::Metrics>, bool);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.tcp_connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Serve one TCP connection until it closes or the server shuts down (keep-alive connections
 /// are closed gracefully then, so that shutdown does not wait on idle HTTP clients).
-pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: Slot) {
+    let budget = matches!(slot, Slot::Budget(_));
+    if budget {
+        ctx.metrics.tcp_connections.fetch_add(1, Ordering::Relaxed);
+    }
+    let _counted = Counted(ctx.metrics.clone(), budget);
+    let slot: SlotCell = Arc::new(Mutex::new(Some(slot)));
     let mut shutdown = ctx.shutdown.clone();
-    let header_timeout = std::time::Duration::from_secs(ctx.config.limits.http_header_timeout_secs.max(1));
-    let service = hyper::service::service_fn(move |req| route(req, ctx.clone()));
+    let header_timeout = Duration::from_secs(ctx.config.limits.http_header_timeout_secs.max(1));
+    let service = hyper::service::service_fn(move |req| route(req, ctx.clone(), slot.clone()));
     let conn = hyper::server::conn::http1::Builder::new()
         .max_buf_size(64 * 1024)
         // Slowloris policy: the whole request head within `http_header_timeout_secs` (a
@@ -87,7 +121,26 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
     req.method() == Method::GET && has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
 }
 
-async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Body>, Infallible> {
+/// Close the connection after this response.
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>, slot: SlotCell) -> Result<Response<Body>, Infallible> {
+    let refusing = matches!(*slot.lock().unwrap_or_else(|p| p.into_inner()), Some(Slot::Refusing { .. }));
+    if refusing && !is_websocket_upgrade(&req) {
+        let r = error(
+            &ctx,
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::TooManyConnections,
+            "the server is at its connection limit",
+        );
+        return Ok(closing(r));
+    }
+    // A request body this handler does not read would hold the connection open: answer, then
+    // close it.
+    let unread_body = !hyper::body::Body::is_end_stream(req.body());
     if !authorised(&ctx, &req) {
         tracing::debug!(path = req.uri().path(), "rejected: missing or wrong bearer token");
         let mut r = error(&ctx, StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "missing or wrong bearer token");
@@ -95,12 +148,12 @@ async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Bod
         return Ok(r);
     }
     if is_websocket_upgrade(&req) {
-        return Ok(upgrade(&mut req, ctx));
+        return Ok(upgrade(&mut req, ctx, &slot));
     }
     let response = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/retrieve") => retrieve(req, &ctx).await,
+        (&Method::POST, "/retrieve") => return Ok(retrieve(req, &ctx).await),
         (&Method::GET, "/health") => {
-            let live = ctx.metrics.episodes_live.load(std::sync::atomic::Ordering::Relaxed);
+            let live = ctx.metrics.episodes_live.load(Ordering::Relaxed);
             let body = json!({ "status": "ok", "episodes_live": live, "backends": ctx.backends.names() });
             respond(StatusCode::OK, "application/json", body.to_string())
         }
@@ -114,10 +167,10 @@ async fn route(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Bod
         }
         (_, path) => error(&ctx, StatusCode::NOT_FOUND, ErrorCode::MalformedFrame, format!("no route {path}")),
     };
-    Ok(response)
+    Ok(if unread_body { closing(response) } else { response })
 }
 
-fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>, slot: &SlotCell) -> Response<Body> {
     // RFC 6455 §4.2.2: a version other than 13 gets 426 and the version this server speaks.
     let version = req.headers().get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes().trim_ascii());
     if version != Some(b"13".as_slice()) {
@@ -134,7 +187,9 @@ fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
     let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).map(|k| derive_accept_key(k.as_bytes())) else {
         return error(&ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "missing Sec-WebSocket-Key");
     };
-    let slot = ctx.connection_slots.clone().try_acquire_owned().ok();
+    let Some(slot) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return error(&ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, "connection already upgraded");
+    };
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_upgrade.await {
@@ -160,19 +215,32 @@ fn upgrade(req: &mut Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
 /// `POST /retrieve`: `{queries | query, topk, return_scores}` -> `{result: [[...]]}`, with
 /// `{document, score}` items when `return_scores` is true and bare documents otherwise.
 async fn retrieve(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
-    ctx.metrics.retrieve_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.retrieve_requests.fetch_add(1, Ordering::Relaxed);
     let limits = &ctx.config.limits;
-    let body = match Limited::new(req.into_body(), limits.max_frame_bytes).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return error(
-                ctx,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::FrameTooLarge,
-                format!("body over {} bytes", limits.max_frame_bytes),
-            );
-        }
-    };
+    // The body must arrive in full within the request deadline (the head had its own).
+    let deadline = Duration::from_secs(limits.http_request_timeout_secs.max(1));
+    let body =
+        match tokio::time::timeout(deadline, Limited::new(req.into_body(), limits.max_frame_bytes).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
+                let r = error(
+                    ctx,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::FrameTooLarge,
+                    format!("body over {} bytes", limits.max_frame_bytes),
+                );
+                return closing(r);
+            }
+            Err(_) => {
+                let r = error(
+                    ctx,
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::MalformedFrame,
+                    format!("the request body did not arrive within {} s", deadline.as_secs()),
+                );
+                return closing(r);
+            }
+        };
     let parsed: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(ctx, StatusCode::BAD_REQUEST, ErrorCode::MalformedFrame, format!("invalid JSON: {e}")),

@@ -7,17 +7,18 @@
 //! search batches to backends on the tokio runtime, whose results come back as messages.
 
 mod http;
+mod session;
 mod ws;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use grove_protocol::{Envelope, ErrorCode, Request, RequestId, Response, Welcome};
+use hyper::body::Bytes;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -87,18 +88,49 @@ pub enum ServerError {
 }
 
 /// A reply on its way to a connection. `counted` replies hold one in-flight permit of their
-/// connection (replies of the sim, and the reader's own replies) and give it back when written;
-/// the writer counts the errors of uncounted ones in the metrics.
+/// connection (replies of the sim to requests that arrived on it, and the reader's own replies)
+/// and give it back when written; the writer counts the errors of uncounted ones in the metrics.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
-    pub envelope: Envelope<Response>,
+    pub payload: Payload,
     pub counted: bool,
 }
 
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "one per reply in a bounded channel; boxing would allocate per reply")]
+pub(crate) enum Payload {
+    Reply(Envelope<Response>),
+    /// A reply already encoded and written once, replayed after a reattach.
+    Replay(Bytes),
+}
+
 pub(crate) enum DriverInput {
-    Open { conn: ConnId, tx: mpsc::Sender<Outgoing> },
-    Request { conn: ConnId, id: RequestId, request: Request },
-    Closed { conn: ConnId },
+    Open {
+        conn: ConnId,
+        tx: mpsc::Sender<Outgoing>,
+        kill: Arc<watch::Sender<bool>>,
+        ring: session::RingCell,
+    },
+    /// A `Hello` of the right version; `done` says whether the connection is now handshaken.
+    Hello {
+        conn: ConnId,
+        id: RequestId,
+        resume: Option<grove_protocol::Resume>,
+        done: oneshot::Sender<bool>,
+    },
+    Request {
+        conn: ConnId,
+        id: RequestId,
+        request: Request,
+    },
+    /// The connection is closing; replies for its session are held from now on.
+    Detach {
+        conn: ConnId,
+    },
+    /// The connection has closed and its writer has stopped.
+    Closed {
+        conn: ConnId,
+    },
 }
 
 struct SearchDone {
@@ -111,12 +143,14 @@ struct SearchDone {
 pub(crate) struct Ctx {
     pub config: ServerConfig,
     pub token: Option<String>,
-    pub welcome: Welcome,
     pub driver: mpsc::Sender<DriverInput>,
     pub metrics: Arc<Metrics>,
     pub backends: Backends,
     pub shutdown: watch::Receiver<bool>,
     pub connection_slots: Arc<Semaphore>,
+    /// Connections over the budget that are told so (a typed refusal) before they are closed;
+    /// beyond these, connections are closed at accept.
+    pub refusal_slots: Arc<Semaphore>,
     pub next_conn: AtomicU64,
 }
 
@@ -139,24 +173,33 @@ pub async fn run(
     let mut sim = Sim::new(config.limits.clone(), &config.episodes, backends.names());
     let renders: Vec<_> = backends.list.iter().map(|(_, b)| b.render()).collect();
     sim.configure_tools(&renders, backends.pages.is_some());
+    let welcome = Welcome {
+        protocol_version: grove_protocol::PROTOCOL_VERSION,
+        server: format!("grove-env-server/{}", env!("CARGO_PKG_VERSION")),
+        limits: config.limits.to_wire(config.episodes.max_turns),
+        session: None,
+        resumed: None,
+    };
+    let sessions = session::Sessions::new(
+        welcome.clone(),
+        Duration::from_secs(config.limits.reattach_grace_secs),
+        config.limits.replay_buffer_bytes,
+        config.limits.max_in_flight_per_connection,
+    );
     let sim_thread = {
         let backends = backends.clone();
         let metrics = metrics.clone();
         let handle = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name("grove-sim".into())
-            .spawn(move || drive(sim, driver_rx, &backends, &metrics, &handle))?
+            .spawn(move || drive(sim, sessions, driver_rx, &backends, &metrics, &handle))?
     };
-    let welcome = Welcome {
-        protocol_version: grove_protocol::PROTOCOL_VERSION,
-        server: format!("grove-env-server/{}", env!("CARGO_PKG_VERSION")),
-        limits: config.limits.to_wire(config.episodes.max_turns),
-    };
+    let (slots, refusals) = connection_budget(config.limits.max_connections);
     let ctx = Arc::new(Ctx {
         token: config.resolved_token(),
-        connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+        connection_slots: Arc::new(Semaphore::new(slots)),
+        refusal_slots: Arc::new(Semaphore::new(refusals)),
         config,
-        welcome,
         driver: driver_tx,
         metrics,
         backends,
@@ -165,18 +208,30 @@ pub async fn run(
     });
     tracing::info!(addr = %listener.local_addr()?, "env-server listening");
     tokio::pin!(shutdown);
+    // Accept errors (out of file descriptors and the like) back off, 10 ms doubling to 1 s.
+    let mut backoff = Duration::ZERO;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    backoff = Duration::ZERO;
+                    let slot = if let Ok(p) = ctx.connection_slots.clone().try_acquire_owned() {
+                        http::Slot::Budget(p)
+                    } else if let Ok(p) = ctx.refusal_slots.clone().try_acquire_owned() {
+                        http::Slot::Refusing { _held: p }
+                    } else {
+                        ctx.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(%peer, "connection closed at accept: over the connection budget");
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(http::serve_connection(stream, peer, ctx.clone()));
+                    tokio::spawn(http::serve_connection(stream, peer, ctx.clone(), slot));
                 }
                 Err(e) => {
-                    // Out of file descriptors and the like: wait instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
+                    tokio::time::sleep(backoff).await;
                 }
             },
         }
@@ -193,9 +248,36 @@ pub async fn run(
     Ok(())
 }
 
+/// The connection budget and its refusal overflow, within the process's open-file limit: each
+/// connection is one descriptor, and a server out of descriptors cannot even answer `/health`.
+fn connection_budget(configured: usize) -> (usize, usize) {
+    let refusals = (configured / 8).clamp(1, 64);
+    let Some(limit) = open_files_limit() else { return (configured, refusals) };
+    // Descriptors for everything else: listener, index files, logs, backend connections.
+    let usable = limit.saturating_sub(64) as usize;
+    let slots = configured.min(usable.saturating_sub(refusals)).max(1);
+    if slots < configured {
+        tracing::warn!(
+            configured,
+            slots,
+            open_files_limit = limit,
+            "max_connections lowered to fit the open-file limit (raise it with `ulimit -n`)"
+        );
+    }
+    (slots, refusals)
+}
+
+/// The soft limit on open files (`Max open files` in `/proc/self/limits`), where there is one.
+fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// The sim thread: wait for input, drain what is there, tick, deliver.
 fn drive(
     mut sim: Sim,
+    mut sessions: session::Sessions,
     mut inputs: mpsc::Receiver<DriverInput>,
     backends: &Backends,
     metrics: &Metrics,
@@ -206,7 +288,6 @@ fn drive(
         return;
     };
     let (search_tx, mut search_rx) = mpsc::unbounded_channel::<SearchDone>();
-    let mut conns: HashMap<ConnId, mpsc::Sender<Outgoing>> = HashMap::new();
     let mut inputs_open = true;
     // How often idle episodes are looked for when nothing else happens.
     let reap_every = Duration::from_secs(1);
@@ -224,11 +305,11 @@ fn drive(
             }
         });
         let Some(first) = first else { continue };
-        inputs_open &= apply(first, &mut sim, &mut conns, metrics);
+        inputs_open &= apply(first, &mut sim, &mut sessions, metrics);
         let mut drained = 0;
         while drained < MAX_DRAIN {
             let Ok(done) = search_rx.try_recv() else { break };
-            apply(Wake::Search(done), &mut sim, &mut conns, metrics);
+            apply(Wake::Search(done), &mut sim, &mut sessions, metrics);
             drained += 1;
         }
         while drained < MAX_DRAIN && inputs_open {
@@ -237,10 +318,12 @@ fn drive(
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => Wake::InputsClosed,
             };
-            inputs_open &= apply(wake, &mut sim, &mut conns, metrics);
+            inputs_open &= apply(wake, &mut sim, &mut sessions, metrics);
             drained += 1;
         }
-        let out = sim.tick(Instant::now());
+        let now = Instant::now();
+        sessions.expire(now, &mut sim, metrics);
+        let out = sim.tick(now);
         // Counters first: a client that has its reply may read /metrics at once and must see
         // the work that produced it.
         let stats = sim.stats();
@@ -257,12 +340,9 @@ fn drive(
             if let Some(latency) = reply.latency {
                 metrics.step_latency.observe(latency);
             }
-            let Some(tx) = conns.get(&reply.conn) else { continue };
-            // The channel holds as many replies as the connection may have requests in flight,
-            // so it is never full; a closed channel means the connection is going away.
-            if tx.try_send(Outgoing { envelope: reply.envelope, counted: true }).is_err() {
-                tracing::debug!(conn = reply.conn, "reply dropped: connection closing");
-            }
+            // The sim's owner is the session; it routes the reply to the session's connection,
+            // or holds it for a reattach.
+            sessions.route(reply.conn, reply.envelope);
         }
         for batch in out.searches {
             let tx = search_tx.clone();
@@ -286,7 +366,7 @@ fn drive(
 }
 
 /// Feed one input to the sim. Returns false once the input channel has closed.
-fn apply(wake: Wake, sim: &mut Sim, conns: &mut HashMap<ConnId, mpsc::Sender<Outgoing>>, metrics: &Metrics) -> bool {
+fn apply(wake: Wake, sim: &mut Sim, sessions: &mut session::Sessions, metrics: &Metrics) -> bool {
     match wake {
         Wake::Search(done) => {
             metrics.search_latency.observe(done.elapsed);
@@ -294,14 +374,15 @@ fn apply(wake: Wake, sim: &mut Sim, conns: &mut HashMap<ConnId, mpsc::Sender<Out
             metrics.search_errors.fetch_add(failed as u64, Ordering::Relaxed);
             sim.deliver_search(done.batch, done.result);
         }
-        Wake::Input(DriverInput::Open { conn, tx }) => {
-            conns.insert(conn, tx);
+        Wake::Input(DriverInput::Open { conn, tx, kill, ring }) => sessions.open(conn, tx, kill, ring),
+        Wake::Input(DriverInput::Hello { conn, id, resume, done }) => sessions.hello(conn, id, resume, done, metrics),
+        Wake::Input(DriverInput::Request { conn, id, request }) => {
+            if let Some(owner) = sessions.request(conn, id) {
+                sim.submit(owner, id, request);
+            }
         }
-        Wake::Input(DriverInput::Request { conn, id, request }) => sim.submit(conn, id, request),
-        Wake::Input(DriverInput::Closed { conn }) => {
-            conns.remove(&conn);
-            sim.disconnect(conn);
-        }
+        Wake::Input(DriverInput::Detach { conn }) => sessions.detach(conn),
+        Wake::Input(DriverInput::Closed { conn }) => sessions.closed(conn, sim, metrics),
         Wake::InputsClosed => return false,
         Wake::Timer => {}
     }
@@ -340,8 +421,6 @@ pub(crate) fn count_errors(msg: &Response, metrics: &Metrics) {
 
 /// An error reply for a frame the reader could not forward.
 pub(crate) fn error_reply(id: Option<RequestId>, code: ErrorCode, message: impl Into<String>) -> Outgoing {
-    Outgoing {
-        envelope: Envelope::new(id.unwrap_or(0), Response::Error(grove_protocol::ErrorInfo::new(code, message))),
-        counted: false,
-    }
+    let envelope = Envelope::new(id.unwrap_or(0), Response::Error(grove_protocol::ErrorInfo::new(code, message)));
+    Outgoing { payload: Payload::Reply(envelope), counted: false }
 }
