@@ -218,7 +218,7 @@ pub struct LimitsConfig {
     pub write_timeout_secs: u64,
     /// Bytes of recent replies a session keeps for replay after a drop (the most recent reply
     /// is kept whatever its size). A reply pushed out before its client reattached is answered
-    /// with `reply_lost`.
+    /// with `reply_lost`. Memory: up to this much per connection that moves that much data.
     pub replay_buffer_bytes: usize,
     /// Documents in one HTTP `/retrieve` request.
     pub max_retrieve_queries: usize,
@@ -251,7 +251,7 @@ impl Default for LimitsConfig {
             heartbeat_secs: 15,
             reattach_grace_secs: 60,
             write_timeout_secs: 60,
-            replay_buffer_bytes: 8 << 20,
+            replay_buffer_bytes: 4 << 20,
             max_retrieve_queries: 4_096,
             http_header_timeout_secs: 30,
             http_request_timeout_secs: 60,

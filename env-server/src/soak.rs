@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_protocol::client::{Client, ClientError, ClientOptions};
+use grove_protocol::client::{Client, ClientError, ClientOptions, Reconnect};
 use grove_protocol::*;
 
 #[derive(clap::Args, Debug)]
@@ -45,6 +45,11 @@ pub struct SoakArgs {
     /// Seed of the episodes' random choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Cut every connection, at random moments about this many seconds apart (0: never), through
+    /// a loopback proxy; the clients reconnect and reattach to their sessions, and nothing may
+    /// be lost.
+    #[arg(long, default_value_t = 0.0)]
+    drop_every_secs: f64,
 }
 
 /// The server process; killed (and reaped) when dropped, on success and on error alike.
@@ -206,10 +211,17 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         warmup.as_secs_f64() / 60.0
     );
 
-    let url = format!("ws://{addr}/");
+    let direct = format!("ws://{addr}/");
+    let proxy = if args.drop_every_secs > 0.0 {
+        Some(Arc::new(grove_env_server::testkit::CutProxy::start(&direct).await.context("start the cutting proxy")?))
+    } else {
+        None
+    };
+    let url = proxy.as_ref().map_or(direct, |p| p.url.clone());
     let mut clients = Vec::new();
     for i in 0..args.connections {
-        let options = ClientOptions { token: None, name: Some(format!("soak-{i}")), ..Default::default() };
+        let reconnect = Reconnect { first_delay: Duration::from_millis(50), ..Default::default() };
+        let options = ClientOptions { token: None, name: Some(format!("soak-{i}")), reconnect };
         clients.push(Arc::new(Client::connect(&url, options).await.context("connect to the soak server")?));
     }
     let shared = Arc::new(Shared {
@@ -226,6 +238,19 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     });
 
     let started = Instant::now();
+    // Drops: every connection cut at once, at uniformly random intervals around the period.
+    let cutter = proxy.clone().map(|proxy| {
+        let (mut rng, every, shared) = (Rng::new(args.seed ^ 0xd20b), args.drop_every_secs, shared.clone());
+        tokio::spawn(async move {
+            while !shared.stop.load(Ordering::Relaxed) {
+                let wait = every * (0.5 + f64::from(rng.range(0, 1000)) / 1000.0);
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                if !shared.stop.load(Ordering::Relaxed) {
+                    proxy.cut_now();
+                }
+            }
+        })
+    });
     let mut loops = Vec::new();
     for e in 0..args.episodes {
         let (client, shared) = (clients[e % clients.len()].clone(), shared.clone());
@@ -317,6 +342,9 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
 
     // Stop the loops (each closes what it holds), then see what the server gives back.
     shared.stop.store(true, Ordering::Relaxed);
+    if let Some(c) = cutter {
+        c.abort();
+    }
     for l in loops {
         if tokio::time::timeout(Duration::from_secs(30), l).await.is_err() {
             shared.error("shutdown", "an episode loop did not stop within 30 s");
@@ -329,6 +357,8 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_closed = rss_bytes(pid).unwrap_or_default();
     let heap_closed = heap_bytes(addr).await;
+    let reattaches: u64 = clients.iter().map(|c| c.reconnects()).sum();
+    let (replayed, resent) = clients.iter().map(|c| c.recovered()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     drop(clients);
     drop(server);
 
@@ -384,12 +414,29 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
             mb(closed)
         );
     }
-    match stats {
-        Ok(Ok(s)) => println!(
-            "  server after close: episodes_live {} (created {}, closed {}, reaped {}), steps {}, forks {}",
-            s.episodes_live, s.episodes_created, s.episodes_closed, s.episodes_reaped, s.steps, s.forks
-        ),
+    let mut lost = None;
+    match &stats {
+        Ok(Ok(s)) => {
+            println!(
+                "  server after close: episodes_live {} (created {}, closed {}, reaped {}), steps {}, forks {}",
+                s.episodes_live, s.episodes_created, s.episodes_closed, s.episodes_reaped, s.steps, s.forks
+            );
+            if s.episodes_live != 0 || s.episodes_created != s.episodes_closed + s.episodes_reaped {
+                lost = Some(format!(
+                    "the counts do not add up: created {} != closed {} + reaped {} (live {})",
+                    s.episodes_created, s.episodes_closed, s.episodes_reaped, s.episodes_live
+                ));
+            }
+        }
         _ => println!("  server stats after close: unavailable"),
+    }
+    if let Some(p) = &proxy {
+        println!(
+            "  drops: {} cuts of every connection ({} connection drops), {reattaches} reattaches, \
+             {replayed} replies replayed, {resent} requests sent again",
+            p.cuts(),
+            p.cuts() * args.connections as u64
+        );
     }
     println!(
         "  steps {steps} ({:.0}/s), forked children {forks} ({:.0}/s), errors {errors}",
@@ -415,6 +462,9 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
     }
     if errors > 0 {
         bail!("{errors} requests failed during the soak");
+    }
+    if let Some(why) = lost {
+        bail!("{why}");
     }
     Ok(())
 }

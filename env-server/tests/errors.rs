@@ -287,7 +287,7 @@ async fn reattach_replays_held_replies_and_names_the_ones_never_received() {
     assert_eq!(w.session.unwrap().token, session.token);
     let resumed = w.resumed.expect("resumed");
     assert_eq!((resumed.replayed, resumed.resend), (1, vec![99]));
-    let mut got = vec![recv(&mut ws).await, recv(&mut ws).await];
+    let mut got = [recv(&mut ws).await, recv(&mut ws).await];
     got.sort_by_key(|e| e.id);
     assert_eq!(err_of(&got[0]), (2, ErrorCode::ReplyLost));
     assert_eq!(got[1], Envelope::new(6, Response::Pong(Ping { nonce: 6 })));

@@ -102,176 +102,25 @@ pub fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, grove_trainer::model::Ca
     (vs, lm)
 }
 
-/// A loopback TCP proxy in front of a server that can cut every connection through it, to test
-/// what survives a dropped connection. `cut_after(bytes)` arms a one-shot cut once that many
-/// bytes have gone from the server to clients (counted over all connections), so a cut lands in
-/// the middle of a run, mid-frame included; `cut_now` cuts at once. [`CutMode`] says what a cut
-/// leaves behind.
+/// [`grove_env_server::testkit::CutProxy`] on a runtime of its own, for blocking tests.
 #[derive(Debug)]
 pub struct CutProxy {
-    /// `ws://` address of the proxy.
     pub url: String,
-    state: std::sync::Arc<ProxyState>,
+    inner: grove_env_server::testkit::CutProxy,
     _rt: tokio::runtime::Runtime,
 }
 
-#[derive(Debug, Default)]
-struct ProxyState {
-    down_bytes: std::sync::atomic::AtomicU64,
-    cut_at: std::sync::atomic::AtomicU64,
-    cuts: std::sync::atomic::AtomicU64,
-    accepted: std::sync::atomic::AtomicU64,
-    mode: std::sync::atomic::AtomicU8,
-    /// New connections are closed at once until this many have been refused.
-    refuse: std::sync::atomic::AtomicU64,
-    generation: std::sync::Mutex<Option<tokio::sync::watch::Sender<u64>>>,
-    graveyard: std::sync::Mutex<Vec<tokio::net::TcpStream>>,
-}
-
 impl CutProxy {
-    /// A proxy in front of `upstream` (`ws://host:port/`).
     pub fn start(upstream: &str) -> CutProxy {
-        use std::sync::atomic::Ordering::SeqCst;
-        let upstream = upstream.trim_start_matches("ws://").trim_end_matches('/').to_owned();
-        let state = std::sync::Arc::new(ProxyState::default());
-        state.cut_at.store(u64::MAX, SeqCst);
-        let (gen_tx, gen_rx) = tokio::sync::watch::channel(0u64);
-        *state.generation.lock().unwrap() = Some(gen_tx);
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let url = format!("ws://{}/", listener.local_addr().unwrap());
-        let st = state.clone();
-        rt.spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                st.accepted.fetch_add(1, SeqCst);
-                if st.refuse.load(SeqCst) > 0 {
-                    st.refuse.fetch_sub(1, SeqCst);
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                tokio::spawn(proxy_one(client, server, st.clone(), gen_rx.clone()));
-            }
-        });
-        CutProxy { url, state, _rt: rt }
-    }
-
-    /// Cut every connection once `bytes` more bytes have gone from the server to clients.
-    pub fn cut_after(&self, bytes: u64) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.state.cut_at.store(self.state.down_bytes.load(SeqCst) + bytes, SeqCst);
-    }
-
-    pub fn cut_now(&self) {
-        cut(&self.state);
-    }
-
-    /// What the next cuts leave behind.
-    pub fn set_mode(&self, mode: CutMode) {
-        self.state.mode.store(mode as u8, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Close the next `n` connections at accept (a server that is unreachable for a while).
-    pub fn refuse_next(&self, n: u64) {
-        self.state.refuse.store(n, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Bytes sent from the server to clients so far.
-    pub fn down_bytes(&self) -> u64 {
-        self.state.down_bytes.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    pub fn cuts(&self) -> u64 {
-        self.state.cuts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    pub fn accepted(&self) -> u64 {
-        self.state.accepted.load(std::sync::atomic::Ordering::SeqCst)
+        let inner = rt.block_on(grove_env_server::testkit::CutProxy::start(upstream)).unwrap();
+        CutProxy { url: inner.url.clone(), inner, _rt: rt }
     }
 }
 
-/// What a cut of [`CutProxy`] leaves behind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CutMode {
-    /// Both ends are closed: client and server see the connection end.
-    Close = 0,
-    /// The client's end is closed; the server's stays open (a peer that vanished without a
-    /// reset, as behind a NAT that dropped the flow): the server learns of it from a reattach.
-    KeepServerSide = 1,
-    /// Nothing is closed and nothing more is forwarded: only a heartbeat notices.
-    Freeze = 2,
-}
-
-fn cut(state: &ProxyState) {
-    state.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    if let Some(tx) = state.generation.lock().unwrap().as_ref() {
-        tx.send_modify(|g| *g += 1);
-    }
-}
-
-async fn proxy_one(
-    client: tokio::net::TcpStream,
-    server: tokio::net::TcpStream,
-    state: std::sync::Arc<ProxyState>,
-    mut generation: tokio::sync::watch::Receiver<u64>,
-) {
-    use std::sync::atomic::Ordering::SeqCst;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let born = *generation.borrow_and_update();
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
-    let up = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = match cr.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if sw.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = match sr.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            // Forward up to the cut point, then cut: the client may get half a frame.
-            let before = state.down_bytes.fetch_add(n as u64, SeqCst);
-            let at = state.cut_at.load(SeqCst);
-            if before + n as u64 >= at {
-                let keep = at.saturating_sub(before) as usize;
-                let _ = cw.write_all(&buf[..keep.min(n)]).await;
-                state.cut_at.store(u64::MAX, SeqCst);
-                cut(&state);
-                return;
-            }
-            if cw.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
-    let cut_signal = generation.wait_for(|g| *g != born);
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-        _ = cut_signal => {}
-    }
-    let mode = state.mode.load(SeqCst);
-    let mut graveyard = state.graveyard.lock().unwrap();
-    if mode >= CutMode::KeepServerSide as u8
-        && let Ok(server) = sr.reunite(sw)
-    {
-        graveyard.push(server);
-    }
-    if mode == CutMode::Freeze as u8
-        && let Ok(client) = cr.reunite(cw)
-    {
-        graveyard.push(client);
+impl std::ops::Deref for CutProxy {
+    type Target = grove_env_server::testkit::CutProxy;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
     }
 }

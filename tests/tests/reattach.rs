@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_env_server::config::ServerConfig;
+use grove_env_server::testkit::CutMode;
 use grove_protocol::client::{Client, ClientError, ClientOptions, Reconnect};
 use grove_protocol::{Action, EpisodeOptions, StepAction};
-use grove_tests::{CutMode, CutProxy, WorldServer, tiny_policy};
+use grove_tests::{CutProxy, WorldServer, tiny_policy};
 use grove_trainer::env::EnvClient;
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::method::TreeShape;
@@ -52,7 +53,7 @@ fn replies_in_flight_survive(mode: CutMode) {
     let rt = rt();
     rt.block_on(async {
         let client = Arc::new(Client::connect(&proxy.url, quick_reconnect()).await.unwrap());
-        let tasks: Vec<_> = world.questions(2, 64, 1).iter().map(|q| task_of(q)).collect();
+        let tasks: Vec<_> = world.questions(2, 64, 1).iter().map(task_of).collect();
         let created = client.create_episodes(tasks, EpisodeOptions::default()).await.unwrap();
         let episodes: Vec<u64> = created.into_iter().map(|r| r.unwrap().episode).collect();
         // Cut after a few of the step replies have come down (each is a few hundred bytes).
@@ -158,7 +159,7 @@ fn a_session_past_its_grace_period_is_closed_and_the_client_says_why() {
             ..ClientOptions::default()
         };
         let client = Client::connect(&proxy.url, options).await.unwrap();
-        let tasks: Vec<_> = world.questions(2, 3, 1).iter().map(|q| task_of(q)).collect();
+        let tasks: Vec<_> = world.questions(2, 3, 1).iter().map(task_of).collect();
         let created = client.create_episodes(tasks, EpisodeOptions::default()).await.unwrap();
         // The first two attempts (after 0.4 s and 1.2 s) are refused; the third (2.8 s) comes
         // after the 1 s grace period.

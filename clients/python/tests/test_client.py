@@ -208,3 +208,74 @@ def test_async_handshake_is_required(server):
             await env.disconnect()
 
     run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# connections that survive a blip
+
+
+class CutProxy:
+    """A loopback TCP proxy in front of the server; `cut()` closes every connection through it."""
+
+    def __init__(self, upstream):
+        self.host, self.port = upstream.removeprefix("ws://").rstrip("/").split(":")
+        self.conns = []
+        self.server = None
+
+    async def start(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"ws://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/"
+
+    async def _serve(self, cr, cw):
+        sr, sw = await asyncio.open_connection(self.host, int(self.port))
+        self.conns.append((cw, sw))
+
+        async def pipe(r, w):
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                w.close()
+
+        await asyncio.gather(pipe(cr, sw), pipe(sr, cw))
+
+    def cut(self):
+        for cw, sw in self.conns:
+            cw.transport.abort()
+            sw.transport.abort()
+        self.conns.clear()
+
+    def close(self):
+        self.server.close()
+
+
+def test_async_reattach_after_a_cut(server):
+    async def main():
+        proxy = CutProxy(server)
+        url = await proxy.start()
+        env = await AsyncClient.connect(url, reconnect_delay=0.05)
+        try:
+            assert env.welcome["session"]["grace_ms"] > 0
+            starts = await env.create_episodes([bridge_task(f"r{i}") for i in range(8)])
+            eps = [s["episode"] for s in starts]
+            steps = [env.step(ep, "<search> Elmsworth Harbor Bridge </search>") for ep in eps]
+            gathered = asyncio.gather(*steps)
+            await asyncio.sleep(0)  # the requests are on their way
+            proxy.cut()
+            observations = await gathered
+            assert [o["episode"] for o in observations] == eps
+            assert all(o["step"] == 1 for o in observations)
+            assert env.reconnects == 1
+            # Nothing ran twice, and the session still owns its episodes.
+            for ep in eps:
+                assert len((await env.transcript(ep))["steps"]) == 1
+            obs = await env.step(eps[0], "<answer> Ada Kerrigan </answer>")
+            assert obs["done"] and obs["reward"]["metric_value"] == 1.0
+        finally:
+            await env.disconnect()
+            proxy.close()
+
+    run(main())

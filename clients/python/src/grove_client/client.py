@@ -73,32 +73,100 @@ def _results(items, raise_errors):
 
 
 class AsyncClient:
-    """A connected, handshaken client. Create with `await AsyncClient.connect(url)`."""
+    """A connected, handshaken client. Create with `await AsyncClient.connect(url)`.
+
+    The connection survives a blip (protocol/PROTOCOL.md, "Sessions, heartbeats and reattach"):
+    WebSocket pings every `heartbeat` seconds (the server's `heartbeat_ms` by default), a
+    connection silent for as long again is dropped, and after a drop the client reconnects (at
+    most `reconnect_tries` times, waiting `reconnect_delay` seconds doubled after each failure)
+    and reattaches to its session, listing the requests it still waits for. Replies the server
+    replays are delivered once; requests the server never received are sent again. When the
+    session cannot be reattached, every waiting request raises ConnectionClosed with the
+    reason."""
 
     def __init__(self, ws, timeout=None):
         self._ws = ws
         self._ids = itertools.count(1)  # id 0 is what the server uses for unmatched errors
-        self._pending = {}
+        self._pending = {}  # id -> future
+        self._frames = {}  # id -> (frame, handed to a connection)
         self._closed = None
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._closing = False
         self.timeout = timeout
         self.welcome = None
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self.reconnects = 0
+        self._url = None
+        self._headers = None
+        self._name = _DEFAULT_NAME
+        self._heartbeat = None
+        self.reconnect_tries = 8
+        self.reconnect_delay = 0.1
+        self._heartbeat_s = None
+        self._closed_reason = None
+        self._reader = None
+        if ws is not None:
+            # A client over a connection opened elsewhere: no handshake done, no reattach.
+            self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def connect(cls, url, token=None, name=None, timeout=None):
+    async def connect(
+        cls, url, token=None, name=None, timeout=None, heartbeat=None, reconnect_tries=8, reconnect_delay=0.1
+    ):
         """Open `url` (ws://host:port/), send `Hello`, and return the client once `Welcome` came.
 
         `token` is sent as `Authorization: Bearer <token>`; `timeout` (seconds) bounds every
-        request."""
+        request; `heartbeat` (seconds) overrides the server's heartbeat period."""
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        ws = await ws_connect(url, additional_headers=headers, max_size=None, compression=None)
-        client = cls(ws, timeout)
+        client = cls(None, timeout)
+        client._url, client._headers, client._name = url, headers, name or _DEFAULT_NAME
+        client._heartbeat = heartbeat
+        client.reconnect_tries, client.reconnect_delay = reconnect_tries, reconnect_delay
         try:
-            client.welcome = await client.hello(name or _DEFAULT_NAME)
+            client._ws = await client._open()
+            client.welcome = await client._handshake(client._ws, None)
+            client._apply_heartbeat()
         except BaseException:
-            await client.disconnect()
+            if client._ws is not None:
+                await client._ws.close()
             raise
+        client._reader = asyncio.get_running_loop().create_task(client._read())
         return client
+
+    async def _open(self):
+        return await ws_connect(
+            self._url,
+            additional_headers=self._headers,
+            max_size=None,
+            compression=None,
+            ping_interval=None,
+        )
+
+    def _apply_heartbeat(self):
+        announced = (self.welcome or {}).get("limits", {}).get("heartbeat_ms", 0) / 1000.0
+        self._heartbeat_s = self._heartbeat if self._heartbeat is not None else (announced or None)
+
+    async def _handshake(self, ws, resume):
+        """Send Hello (with `resume` when reattaching) and return the Welcome map."""
+        rid = next(self._ids)
+        hello = {"protocol_version": PROTOCOL_VERSION, "client": self._name}
+        if resume is not None:
+            hello["resume"] = resume
+        await ws.send(encode({"id": rid, "msg": {"Hello": hello}}))
+        while True:
+            frame = await ws.recv()
+            if isinstance(frame, str):
+                continue
+            env = decode(frame)
+            if env["id"] != rid:
+                self._deliver(env["id"], env["msg"])
+                continue
+            msg = env["msg"]
+            if isinstance(msg, dict) and "Error" in msg:
+                raise GroveError.from_info(msg["Error"])
+            if not isinstance(msg, dict) or "Welcome" not in msg:
+                raise UnexpectedReply(f"expected Welcome, got {msg!r}")
+            return msg["Welcome"]
 
     async def __aenter__(self):
         return self
@@ -110,10 +178,41 @@ class AsyncClient:
     def limits(self):
         return self.welcome["limits"] if self.welcome else None
 
-    async def _read(self):
-        reason = "the server closed the connection"
+    def _deliver(self, rid, msg):
+        fut = self._pending.pop(rid, None)
+        self._frames.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _fail_all(self, err):
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+        self._frames.clear()
+
+    async def _heartbeat_loop(self, ws):
+        """Ping when silent; a connection that answers nothing for a whole period is closed
+        here, which the reader sees as a drop."""
+        period = self._heartbeat_s
+        while True:
+            await asyncio.sleep(period)
+            try:
+                pong = await ws.ping()
+                await asyncio.wait_for(pong, period)
+            except asyncio.TimeoutError:
+                ws.transport.abort()
+                return
+            except Exception:
+                return
+
+    async def _serve(self, ws):
+        """Read replies until the connection ends; returns why."""
+        beat = None
+        if self._heartbeat_s:
+            beat = asyncio.get_running_loop().create_task(self._heartbeat_loop(ws))
         try:
-            async for frame in self._ws:
+            async for frame in ws:
                 if isinstance(frame, str):
                     continue
                 try:
@@ -124,23 +223,77 @@ class AsyncClient:
                 if rid == 0 and isinstance(msg, dict) and "Error" in msg:
                     # An error about the connection itself (limit, shutdown): every waiter gets it.
                     err = GroveError.from_info(msg["Error"])
-                    reason = str(err)
-                    for fut in self._pending.values():
-                        if not fut.done():
-                            fut.set_exception(err)
-                    self._pending.clear()
-                    continue
-                fut = self._pending.pop(rid, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-        except WsConnectionClosed:
-            pass
+                    self._fail_all(err)
+                    return str(err), False
+                self._deliver(rid, msg)
+            return "the server closed the connection", True
+        except WsConnectionClosed as e:
+            return f"connection lost: {e}", True
+        finally:
+            if beat is not None:
+                beat.cancel()
+
+    async def _read(self):
+        reason = "the server closed the connection"
+        try:
+            while True:
+                reason, retry = await self._serve(self._ws)
+                if self._closing or not retry:
+                    break
+                self._connected.clear()
+                ws = await self._reattach(reason)
+                if ws is None:
+                    reason = self._closed_reason
+                    break
+                self._ws = ws
+                self._connected.set()
         finally:
             self._closed = reason
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionClosed(reason))
-            self._pending.clear()
+            self._connected.set()
+            self._fail_all(ConnectionClosed(reason))
+
+    async def _reattach(self, why):
+        """Reconnect and reattach; the new connection, or None (with `_closed_reason` set)."""
+        session = (self.welcome or {}).get("session")
+        if not session or not session.get("grace_ms") or self.reconnect_tries <= 0:
+            self._closed_reason = f"{why}; the server offers no reattach"
+            return None
+        delay, last = self.reconnect_delay, ""
+        for attempt in range(1, self.reconnect_tries + 1):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                ws = await self._open()
+            except Exception as e:  # refused, reset, timed out
+                last = f"attempt {attempt}: {e}"
+                continue
+            pending = sorted(rid for rid, (_, sent) in self._frames.items() if sent)
+            try:
+                welcome = await self._handshake(ws, {"token": session["token"], "pending": pending})
+            except GroveError as e:
+                await ws.close()
+                if e.code == "session_expired":
+                    self._closed_reason = f"{why}; the session could not be reattached: {e}"
+                    return None
+                last = f"attempt {attempt}: {e}"
+                continue
+            except Exception as e:
+                last = f"attempt {attempt}: {e}"
+                continue
+            try:
+                for rid in (welcome.get("resumed") or {}).get("resend", []):
+                    if rid in self._frames:
+                        await ws.send(self._frames[rid][0])
+            except Exception as e:
+                last = f"attempt {attempt}: resending failed: {e}"
+                continue
+            if not welcome.get("session"):
+                welcome["session"] = session
+            self.welcome = welcome
+            self.reconnects += 1
+            return ws
+        self._closed_reason = f"{why}; {self.reconnect_tries} reconnect attempts failed, the last: {last}"
+        return None
 
     async def request(self, msg):
         """Send one request (a wire `Request` value) and return the reply's `msg`.
@@ -149,16 +302,23 @@ class AsyncClient:
             raise ConnectionClosed(self._closed)
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
+        frame = encode({"id": rid, "msg": msg})
         self._pending[rid] = fut
+        self._frames[rid] = (frame, False)
         try:
-            await self._ws.send(encode({"id": rid, "msg": msg}))
-        except WsConnectionClosed as e:
-            self._pending.pop(rid, None)
-            raise ConnectionClosed(str(e)) from e
-        try:
+            await self._connected.wait()
+            if self._closed is not None:
+                raise ConnectionClosed(self._closed)
+            if rid in self._frames:
+                self._frames[rid] = (frame, True)
+                try:
+                    await self._ws.send(frame)
+                except WsConnectionClosed:
+                    pass  # still pending: the reattach sends it again if the server never got it
             reply = await asyncio.wait_for(fut, self.timeout)
         finally:
             self._pending.pop(rid, None)
+            self._frames.pop(rid, None)
         if isinstance(reply, dict) and "Error" in reply:
             raise GroveError.from_info(reply["Error"])
         return reply
@@ -172,7 +332,8 @@ class AsyncClient:
         return reply[kind]
 
     async def hello(self, name=_DEFAULT_NAME, protocol_version=PROTOCOL_VERSION):
-        """The handshake; `connect` does it. Returns the `Welcome` map."""
+        """Send a `Hello` as a request (`connect` does the handshake; a second one is refused
+        with `handshake_required`). Returns the `Welcome` map."""
         return await self._expect({"Hello": {"protocol_version": protocol_version, "client": name}}, "Welcome")
 
     async def create_episodes(
@@ -230,9 +391,12 @@ class AsyncClient:
         return (await self._expect({"Ping": {"nonce": nonce}}, "Pong"))["nonce"]
 
     async def disconnect(self):
-        """Close the connection; the server closes every episode it owns."""
+        """Close the connection; the server closes every episode it owns (at once, or after the
+        reattach grace period)."""
+        self._closing = True
         await self._ws.close()
-        try:
-            await self._reader
-        except asyncio.CancelledError:
-            pass
+        if self._reader is not None:
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass

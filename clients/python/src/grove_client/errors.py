@@ -9,6 +9,8 @@ ERROR_NUMBERS = {
     "unsupported_version": 103,
     "handshake_required": 104,
     "unauthorized": 105,
+    "session_expired": 106,
+    "reply_lost": 107,
     "unknown_episode": 200,
     "episode_done": 201,
     "invalid_step": 202,
