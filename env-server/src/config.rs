@@ -226,8 +226,9 @@ pub struct LimitsConfig {
     /// long of the connection opening or of the previous response; otherwise the connection is
     /// closed (slowloris, and TCP connections that never send anything).
     pub http_header_timeout_secs: u64,
-    /// An HTTP request (head and body) must arrive in full within this long of its first byte,
-    /// or the connection is closed; a body that never finishes holds nothing forever.
+    /// A `/retrieve` body must arrive in full within this long of its head (which has
+    /// `http_header_timeout_secs`), or the request is answered `408` and the connection closed;
+    /// other routes do not read bodies and close a connection whose body they left unread.
     pub http_request_timeout_secs: u64,
 }
 

@@ -152,6 +152,9 @@ async fn limits_are_enforced_with_typed_errors() {
     assert_eq!(code(a.create_episodes(vec![em_task(); 9], Default::default()).await), Some(ErrorCode::BatchTooLarge));
     let opts = EpisodeOptions { max_turns: Some(6), ..Default::default() };
     assert_eq!(code(a.create_episodes(vec![em_task()], opts).await), Some(ErrorCode::BatchTooLarge));
+    // A prompt template without the question's placeholder.
+    let opts = EpisodeOptions { prompt_template: Some("Answer well.".into()), ..Default::default() };
+    assert_eq!(code(a.create_episodes(vec![em_task()], opts).await), Some(ErrorCode::InvalidAction));
     let eps: Vec<_> = a.create_episodes(vec![em_task(); 8], Default::default()).await.unwrap();
     let ep = eps[0].clone().unwrap().episode;
     // Per connection: 8 held, 3 more would pass 10.

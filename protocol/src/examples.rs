@@ -1,5 +1,11 @@
 //! One example of every request and response variant, used by the round-trip and golden-byte
 //! tests and by clients in other languages that check their decoders against ours.
+//!
+//! The examples tell one session, and PROTOCOL.md walks through it: a request and the reply with
+//! the same id belong together, and each reply is what the server would answer given the requests
+//! before it (`error` excepted: it answers a request sent before `Hello`; `hello_resume` and
+//! `welcome_resumed` are the reattach of a connection that dropped with requests 3 and 5
+//! unanswered).
 
 use crate::error::{ErrorCode, ErrorInfo};
 use crate::messages::*;
@@ -13,6 +19,20 @@ fn task() -> TaskSpec {
         metric: Some(Metric::Em),
     }
 }
+
+/// The default prompt rendered for [`task`], elided in the middle.
+const PROMPT: &str = "Answer the question below. ... Question: who designed the harbor bridge in port elmsworth?\n";
+
+/// What the first search of episode 1 returns with `topk` 1 over the sample corpus
+/// (`fuzz/seeds/qa_loaders/wiki18-sample.jsonl`).
+const BRIDGE_DOCS: &str = "\n\n<information>Doc 1(Title: \"Elmsworth Harbor Bridge\") The Elmsworth Harbor Bridge \
+is a steel arch bridge in Port Elmsworth. It was designed by the engineer Ada Kerrigan and opened in 1902 after six \
+years of construction.</information>\n\n";
+
+/// What its second search (the tool call) returns.
+const KERRIGAN_DOCS: &str = "\n\n<information>Doc 1(Title: \"Ada Kerrigan\") Ada Kerrigan (1861-1939) was a civil \
+engineer born in Tollmouth. She studied at the Quill Institute of Technology and is best known for the Elmsworth \
+Harbor Bridge.</information>\n\n";
 
 fn lineage() -> Lineage {
     Lineage { root: 1, parent: Some(1), depth: 1, fork_step: Some(2) }
@@ -31,7 +51,7 @@ fn reward() -> Reward {
 /// Named examples of every [`Request`] variant (and of both [`Action`] forms).
 pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
     let mut args = serde_json::Map::new();
-    args.insert("query".into(), "Elmsworth harbor bridge".into());
+    args.insert("query".into(), "Ada Kerrigan".into());
     vec![
         (
             "hello",
@@ -47,7 +67,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
         (
             "hello_resume",
             Envelope::new(
-                1,
+                6,
                 Request::Hello(Hello {
                     protocol_version: crate::PROTOCOL_VERSION,
                     client: "grove-trainer/0.1".into(),
@@ -60,8 +80,8 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
             Envelope::new(
                 2,
                 Request::CreateEpisodes(CreateEpisodes {
-                    tasks: vec![task()],
-                    options: EpisodeOptions { max_turns: Some(3), topk: Some(3), backend: None, prompt_template: None },
+                    tasks: vec![task(), task()],
+                    options: EpisodeOptions { max_turns: Some(3), topk: Some(1), backend: None, prompt_template: None },
                 }),
             ),
         ),
@@ -70,12 +90,20 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
             Envelope::new(
                 3,
                 Request::Step(Step {
-                    actions: vec![StepAction {
-                        episode: 1,
-                        action: Action::Text(
-                            "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>".into(),
-                        ),
-                    }],
+                    actions: vec![
+                        StepAction {
+                            episode: 1,
+                            action: Action::Text(
+                                "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>"
+                                    .into(),
+                            ),
+                        },
+                        StepAction {
+                            episode: 2,
+                            action: Action::Text("<think>I know this.</think>\n<answer> Ada Kerrigan </answer>".into()),
+                        },
+                        StepAction { episode: 99, action: Action::Text("<answer> Ada Kerrigan </answer>".into()) },
+                    ],
                 }),
             ),
         ),
@@ -85,15 +113,15 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                 4,
                 Request::Step(Step {
                     actions: vec![StepAction {
-                        episode: 2,
+                        episode: 1,
                         action: Action::Tool(ToolCall { name: "search".into(), arguments: args }),
                     }],
                 }),
             ),
         ),
         ("fork", Envelope::new(5, Request::Fork(Fork { forks: vec![ForkSpec { episode: 1, at_step: 2, n: 3 }] }))),
-        ("close", Envelope::new(6, Request::Close(Close { episodes: vec![1, 2] }))),
-        ("get_transcript", Envelope::new(7, Request::GetTranscript(GetTranscript { episode: 1 }))),
+        ("close", Envelope::new(6, Request::Close(Close { episodes: vec![1, 99] }))),
+        ("get_transcript", Envelope::new(7, Request::GetTranscript(GetTranscript { episode: 3 }))),
         ("stats", Envelope::new(8, Request::Stats)),
         ("ping", Envelope::new(9, Request::Ping(Ping { nonce: 42 }))),
     ]
@@ -131,7 +159,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
         (
             "welcome_resumed",
             Envelope::new(
-                1,
+                6,
                 Response::Welcome(Welcome {
                     protocol_version: crate::PROTOCOL_VERSION,
                     server: "grove-env-server/0.1.0".into(),
@@ -160,13 +188,8 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                 2,
                 Response::EpisodesCreated(EpisodesCreated {
                     episodes: vec![
-                        Ok(EpisodeStart {
-                            episode: 1,
-                            prompt: "Answer the given question. ... Question: who designed the harbor bridge?\n"
-                                .into(),
-                            max_turns: 3,
-                        }),
-                        Err(ErrorInfo::new(ErrorCode::TooManyEpisodes, "connection holds 4096 episodes")),
+                        Ok(EpisodeStart { episode: 1, prompt: PROMPT.into(), max_turns: 3 }),
+                        Ok(EpisodeStart { episode: 2, prompt: PROMPT.into(), max_turns: 3 }),
                     ],
                 }),
             ),
@@ -181,7 +204,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                             episode: 1,
                             step: 1,
                             kind: ActionKind::Search,
-                            text: "\n\n<information>Doc 1(Title: \"Ada Kerrigan\") Ada Kerrigan was a civil engineer.\n</information>\n\n".into(),
+                            text: BRIDGE_DOCS.into(),
                             done: false,
                             forced_final: false,
                             turns_left: 2,
@@ -189,13 +212,13 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                             error: None,
                         }),
                         Ok(Observation {
-                            episode: 3,
-                            step: 2,
+                            episode: 2,
+                            step: 1,
                             kind: ActionKind::Answer,
                             text: String::new(),
                             done: true,
                             forced_final: false,
-                            turns_left: 1,
+                            turns_left: 2,
                             reward: Some(reward()),
                             error: None,
                         }),
@@ -209,7 +232,12 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
             Envelope::new(
                 5,
                 Response::Forked(Forked {
-                    results: vec![Ok(ForkResult { parent: 1, at_step: 2, children: vec![4, 5, 6], lineage: lineage() })],
+                    results: vec![Ok(ForkResult {
+                        parent: 1,
+                        at_step: 2,
+                        children: vec![3, 4, 5],
+                        lineage: lineage(),
+                    })],
                 }),
             ),
         ),
@@ -218,7 +246,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
             Envelope::new(
                 6,
                 Response::Closed(Closed {
-                    results: vec![Ok(1), Err(ErrorInfo::for_episode(ErrorCode::UnknownEpisode, 2, "no episode 2"))],
+                    results: vec![Ok(1), Err(ErrorInfo::for_episode(ErrorCode::UnknownEpisode, 99, "no episode 99"))],
                 }),
             ),
         ),
@@ -227,18 +255,27 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
             Envelope::new(
                 7,
                 Response::Transcript(Transcript {
-                    episode: 4,
+                    episode: 3,
                     task: task(),
-                    prompt: "Answer the given question. ...".into(),
+                    prompt: PROMPT.into(),
                     lineage: lineage(),
-                    status: EpisodeStatus::Done,
-                    steps: vec![TranscriptStep {
-                        action: "<answer> Ada Kerrigan </answer>".into(),
-                        kind: ActionKind::Answer,
-                        content: "Ada Kerrigan".into(),
-                        observation: String::new(),
-                    }],
-                    reward: Some(reward()),
+                    status: EpisodeStatus::Active,
+                    steps: vec![
+                        TranscriptStep {
+                            action: "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>"
+                                .into(),
+                            kind: ActionKind::Search,
+                            content: "Elmsworth harbor bridge".into(),
+                            observation: BRIDGE_DOCS.into(),
+                        },
+                        TranscriptStep {
+                            action: "<search> Ada Kerrigan </search>".into(),
+                            kind: ActionKind::Search,
+                            content: "Ada Kerrigan".into(),
+                            observation: KERRIGAN_DOCS.into(),
+                        },
+                    ],
+                    reward: None,
                 }),
             ),
         ),
@@ -247,13 +284,13 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
             Envelope::new(
                 8,
                 Response::Stats(ServerStats {
-                    episodes_live: 3,
+                    episodes_live: 4,
                     episodes_created: 5,
-                    episodes_closed: 2,
+                    episodes_closed: 1,
                     episodes_reaped: 0,
-                    steps: 17,
+                    steps: 3,
                     forks: 3,
-                    searches: 11,
+                    searches: 2,
                     connections: 1,
                     uptime_ms: 12_345,
                     providers: Default::default(),
@@ -261,13 +298,7 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
             ),
         ),
         ("pong", Envelope::new(9, Response::Pong(Ping { nonce: 42 }))),
-        (
-            "error",
-            Envelope::new(
-                10,
-                Response::Error(ErrorInfo::new(ErrorCode::HandshakeRequired, "send Hello first")),
-            ),
-        ),
+        ("error", Envelope::new(10, Response::Error(ErrorInfo::new(ErrorCode::HandshakeRequired, "send Hello first")))),
     ]
 }
 

@@ -143,6 +143,15 @@ fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
             format!("prompt_template is longer than {} characters", settings.limits.max_action_chars),
         ));
     }
+    // A template without the placeholder would drop the question from every prompt.
+    if let Some(t) = &opts.prompt_template
+        && !t.contains("{question}")
+    {
+        return Response::Error(ErrorInfo::new(
+            ErrorCode::InvalidAction,
+            "prompt_template must contain {question}: without it the model never sees the question",
+        ));
+    }
     let topk = opts.topk.filter(|k| *k > 0).unwrap_or(settings.topk).min(settings.limits.max_topk);
     let backend = match &opts.backend {
         None => 0,
