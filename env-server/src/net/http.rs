@@ -31,7 +31,7 @@ type Body = Full<Bytes>;
 pub(crate) enum Slot {
     /// A slot of `max_connections`, held until the connection closes (by the WebSocket task
     /// after an upgrade).
-    Budget(OwnedSemaphorePermit),
+    Budget(Held),
     /// Over the budget: every request is answered with `too_many_connections` and the
     /// connection closed.
     Refusing { _held: OwnedSemaphorePermit },
@@ -40,25 +40,30 @@ pub(crate) enum Slot {
 /// The slot of one TCP connection; a WebSocket upgrade takes it out.
 type SlotCell = Arc<Mutex<Option<Slot>>>;
 
-/// Counts a budget slot in `grove_tcp_connections` while it lives.
-struct Counted(Arc<crate::metrics::Metrics>, bool);
+/// A slot of the budget, counted in `grove_tcp_connections` while it lives (by the WebSocket
+/// task after an upgrade).
+#[derive(Debug)]
+pub(crate) struct Held {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<crate::metrics::Metrics>,
+}
 
-impl Drop for Counted {
+impl Held {
+    pub(crate) fn new(permit: OwnedSemaphorePermit, metrics: Arc<crate::metrics::Metrics>) -> Held {
+        metrics.tcp_connections.fetch_add(1, Ordering::Relaxed);
+        Held { _permit: permit, metrics }
+    }
+}
+
+impl Drop for Held {
     fn drop(&mut self) {
-        if self.1 {
-            self.0.tcp_connections.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.metrics.tcp_connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Serve one TCP connection until it closes or the server shuts down (keep-alive connections
 /// are closed gracefully then, so that shutdown does not wait on idle HTTP clients).
 pub(crate) async fn serve_connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: Slot) {
-    let budget = matches!(slot, Slot::Budget(_));
-    if budget {
-        ctx.metrics.tcp_connections.fetch_add(1, Ordering::Relaxed);
-    }
-    let _counted = Counted(ctx.metrics.clone(), budget);
     let slot: SlotCell = Arc::new(Mutex::new(Some(slot)));
     let mut shutdown = ctx.shutdown.clone();
     let header_timeout = Duration::from_secs(ctx.config.limits.http_header_timeout_secs.max(1));

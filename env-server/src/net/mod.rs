@@ -217,7 +217,7 @@ pub async fn run(
                 Ok((stream, peer)) => {
                     backoff = Duration::ZERO;
                     let slot = if let Ok(p) = ctx.connection_slots.clone().try_acquire_owned() {
-                        http::Slot::Budget(p)
+                        http::Slot::Budget(http::Held::new(p, ctx.metrics.clone()))
                     } else if let Ok(p) = ctx.refusal_slots.clone().try_acquire_owned() {
                         http::Slot::Refusing { _held: p }
                     } else {
