@@ -318,8 +318,8 @@ fn refused_episodes_and_failing_tools_stay_local() {
 
 /// While the trainer is busy (an update, an evaluation, a checkpoint), its env connections stay
 /// open: the client pings a server that closes connections silent for 1 second, so a 2.5-second
-/// pause between steps loses nothing. A protocol client without the keep-alive, connected to the
-/// same server at the same time, is closed as idle.
+/// pause between steps loses nothing. A protocol client without the keep-alive (and without
+/// reattach), connected to the same server at the same time, is closed as idle.
 #[test]
 fn a_long_pause_keeps_the_env_connection_alive() {
     use grove_env_server::config::ServerConfig;
@@ -330,7 +330,13 @@ fn a_long_pause_keeps_the_env_connection_alive() {
     let srv = WorldServer::start_with(&world, cfg, None);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let bare = rt.block_on(grove_protocol::client::Client::connect(&srv.url, Default::default())).unwrap();
+    // Without the keep-alive and without reattach (which would open a new connection after the
+    // idle close).
+    let no_reattach = grove_protocol::client::ClientOptions {
+        reconnect: grove_protocol::client::Reconnect { tries: 0, ..Default::default() },
+        ..Default::default()
+    };
+    let bare = rt.block_on(grove_protocol::client::Client::connect(&srv.url, no_reattach)).unwrap();
     assert_eq!(env.client().welcome().limits.connection_idle_ms, 1000, "the server announces its idle limit");
     let tasks = tasks(&world);
     let (vs, lm) = tiny_policy(tok.vocab_size());
