@@ -127,60 +127,37 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
     ]
 }
 
+/// The Welcome of the examples' session; `resumed` after a reattach.
+fn welcome(resumed: Option<Resumed>) -> Welcome {
+    Welcome {
+        protocol_version: crate::PROTOCOL_VERSION,
+        server: "grove-env-server/0.1.0".into(),
+        limits: Limits {
+            max_frame_bytes: 1 << 20,
+            max_episodes_per_connection: 4096,
+            max_episodes_total: 65536,
+            max_batch: 4096,
+            max_forks_per_request: 4096,
+            max_action_chars: 16384,
+            max_query_chars: 1024,
+            max_turns: 3,
+            idle_timeout_ms: 600_000,
+            connection_idle_ms: 900_000,
+            heartbeat_ms: 15_000,
+            max_in_flight: 1024,
+        },
+        session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
+        resumed,
+    }
+}
+
 /// Named examples of every [`Response`] variant, including per-item errors.
 pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
     vec![
-        (
-            "welcome",
-            Envelope::new(
-                1,
-                Response::Welcome(Welcome {
-                    protocol_version: crate::PROTOCOL_VERSION,
-                    server: "grove-env-server/0.1.0".into(),
-                    limits: Limits {
-                        max_frame_bytes: 1 << 20,
-                        max_episodes_per_connection: 4096,
-                        max_episodes_total: 65536,
-                        max_batch: 4096,
-                        max_forks_per_request: 4096,
-                        max_action_chars: 16384,
-                        max_query_chars: 1024,
-                        max_turns: 3,
-                        idle_timeout_ms: 600_000,
-                        connection_idle_ms: 900_000,
-                        heartbeat_ms: 15_000,
-                        max_in_flight: 1024,
-                    },
-                    session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
-                    resumed: None,
-                }),
-            ),
-        ),
+        ("welcome", Envelope::new(1, Response::Welcome(welcome(None)))),
         (
             "welcome_resumed",
-            Envelope::new(
-                6,
-                Response::Welcome(Welcome {
-                    protocol_version: crate::PROTOCOL_VERSION,
-                    server: "grove-env-server/0.1.0".into(),
-                    limits: Limits {
-                        max_frame_bytes: 1 << 20,
-                        max_episodes_per_connection: 4096,
-                        max_episodes_total: 65536,
-                        max_batch: 4096,
-                        max_forks_per_request: 4096,
-                        max_action_chars: 16384,
-                        max_query_chars: 1024,
-                        max_turns: 3,
-                        idle_timeout_ms: 600_000,
-                        connection_idle_ms: 900_000,
-                        heartbeat_ms: 15_000,
-                        max_in_flight: 1024,
-                    },
-                    session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
-                    resumed: Some(Resumed { replayed: 1, resend: vec![5] }),
-                }),
-            ),
+            Envelope::new(6, Response::Welcome(welcome(Some(Resumed { replayed: 1, resend: vec![5] })))),
         ),
         (
             "episodes_created",

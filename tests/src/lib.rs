@@ -124,3 +124,21 @@ impl std::ops::Deref for CutProxy {
         &self.inner
     }
 }
+
+/// The agent settings of the rollout tests: 2 tool turns, short observations and 10 new tokens
+/// per turn, sampled at T = 1 without truncation.
+pub fn tiny_agent_config() -> grove_trainer::rollout::agent::AgentConfig {
+    grove_trainer::rollout::agent::AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 48,
+        max_response_tokens: 4096,
+        sampling: grove_trainer::generate::SamplingParams {
+            max_new_tokens: 10,
+            top_p: 1.0,
+            ..grove_trainer::generate::SamplingParams::default()
+        },
+        prompt_template: None,
+        max_context: 4096,
+        topk: None,
+    }
+}

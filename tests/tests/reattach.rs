@@ -13,11 +13,11 @@ use grove_env_server::config::ServerConfig;
 use grove_env_server::testkit::CutMode;
 use grove_protocol::client::{Client, ClientError, ClientOptions, Reconnect};
 use grove_protocol::{Action, EpisodeOptions, StepAction};
-use grove_tests::{CutProxy, WorldServer, tiny_policy};
+use grove_tests::{CutProxy, WorldServer, tiny_agent_config, tiny_policy};
 use grove_trainer::env::EnvClient;
-use grove_trainer::generate::{Engine, SamplingParams};
+use grove_trainer::generate::Engine;
 use grove_trainer::method::TreeShape;
-use grove_trainer::rollout::agent::{AgentConfig, Rollout};
+use grove_trainer::rollout::agent::Rollout;
 use grove_trainer::rows::{TrainingRow, training_rows};
 use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
@@ -182,15 +182,7 @@ fn tree_rows(env: &EnvClient) -> Vec<TrainingRow> {
     let (_vs, lm) = tiny_policy(tok.vocab_size());
     let world = World::generate(&WorldConfig::default());
     let task = task_of(&world.questions(2, 1, 3)[0]);
-    let config = AgentConfig {
-        max_turns: 2,
-        max_obs_tokens: 48,
-        max_response_tokens: 4096,
-        sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
-        prompt_template: None,
-        max_context: 4096,
-        topk: None,
-    };
+    let config = tiny_agent_config();
     let mut engine = Engine::new(&lm);
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let shape = TreeShape { m: 2, n: 2, l: 1, k: 3 };

@@ -4,7 +4,7 @@
 
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_tests::{WorldServer, tiny_policy};
+use grove_tests::{WorldServer, tiny_agent_config, tiny_policy};
 use grove_trainer::env::EnvClient;
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::method::{Method, TreeShape};
@@ -25,15 +25,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
     let srv = WorldServer::start(&world);
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
     let task = task_of(&world.questions(2, 1, 3)[0]);
-    let config = AgentConfig {
-        max_turns: 2,
-        max_obs_tokens: 48,
-        max_response_tokens: 4096,
-        sampling: SamplingParams { max_new_tokens: 10, top_p: 1.0, ..SamplingParams::default() },
-        prompt_template: None,
-        max_context: 4096,
-        topk: None,
-    };
+    let config = tiny_agent_config();
     let mut engine = Engine::new(&lm);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
 

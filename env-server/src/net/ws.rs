@@ -232,9 +232,9 @@ async fn write_replies<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut killed = w.kill.subscribe();
-    let encode = |out: Outgoing, metrics: &crate::metrics::Metrics| -> Option<(Bytes, bool)> {
+    let encode = |out: Outgoing, metrics: &crate::metrics::Metrics| -> Option<Bytes> {
         match out.payload {
-            Payload::Replay(bytes) => Some((bytes, false)),
+            Payload::Replay(bytes) => Some(bytes),
             Payload::Reply(env) => {
                 if !out.counted {
                     super::count_errors(&env.msg, metrics);
@@ -248,7 +248,7 @@ async fn write_replies<S>(
                         {
                             ring.lock().unwrap_or_else(|p| p.into_inner()).push(env.id, bytes.clone());
                         }
-                        Some((bytes, true))
+                        Some(bytes)
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot encode a reply");
@@ -265,7 +265,7 @@ async fn write_replies<S>(
             out = rx.recv() => match out { Some(o) => o, None => break },
         };
         let counted = out.counted;
-        let Some((bytes, _)) = encode(out, &w.metrics) else { continue };
+        let Some(bytes) = encode(out, &w.metrics) else { continue };
         if counted {
             w.permits.add_permits(1);
         }
