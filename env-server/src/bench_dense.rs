@@ -6,9 +6,12 @@
 //!    `IndexFlat::search`) with the same queries, all at once as one tick's batch and one query
 //!    alone: queries/s, time from start to the first answer, resident memory, and how many of
 //!    faiss's top-10 Grove returns (recall@10 against faiss's exact search).
+//!    The same vectors stored as f16 (faiss's fp16 scalar quantizer) are searched the same way,
+//!    with the recall@10 of their exact search against the f32 index's.
 //! 2. Quality: the FanOutQA dev sub-questions whose evidence page is in the mini-Wikipedia corpus
 //!    (`cargo xtask assets`), searched by BM25, dense (all-MiniLM-L6-v2) and hybrid: recall@3 of
-//!    the evidence passage, and the encoding speed of the corpus.
+//!    the evidence passage, and the encoding speed of the corpus; unless `--no-speed`, the speed
+//!    figures of part 1 again on this real index with the encoded sub-questions as queries.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -176,16 +179,77 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         w.finish()?;
     }
     let queries = SplitMix(20261205).clustered_rows(args.queries, args.dim, &centers, SPREAD);
-    let qpath = work.join(format!("grove-bench-queries-{}x{}.f32", args.queries, args.dim));
+    let gb = (args.vectors * args.dim * 4) as f64 / 1e9;
+    let what = format!("{} x {} flat IP ({gb:.2} GB, {CENTERS} topics)", args.vectors, args.dim);
+    let exact = measure(args, &Target { label: "", path: &path, queries: &queries, what, hnsw: !args.no_hnsw }, rows)?;
+
+    // The same vectors stored as f16 (faiss's `IndexScalarQuantizer` fp16): speed, and how many
+    // of the f32 index's exact top-10 its exact search returns.
+    let half = work.join(format!("grove-bench-fp16-clustered-{}x{}.index", args.vectors, args.dim));
+    if !FlatIndex::open(&half).is_ok_and(|i| i.len() == args.vectors && i.dim() == args.dim) {
+        eprintln!("writing {} (the same vectors in f16)", half.display());
+        let _ = std::fs::remove_file(&half);
+        let flat = FlatIndex::open(&path)?;
+        let mut w = FlatWriter::create_or_resume_as(&half, args.dim, Metric::InnerProduct, grove_dense::Storage::F16)?;
+        let mut block = vec![0f32; 65_536 * args.dim];
+        while w.rows() < args.vectors {
+            let n = (args.vectors - w.rows()).min(65_536);
+            flat.decode_rows(w.rows(), &mut block[..n * args.dim]);
+            w.append(&block[..n * args.dim])?;
+        }
+        w.finish()?;
+    }
+    let what = format!("the same vectors as f16 ({:.2} GB), faiss IndexScalarQuantizer fp16", gb / 2.0);
+    let f16 = measure(args, &Target { label: " (f16)", path: &half, queries: &queries, what, hnsw: false }, rows)?;
+    rows.push(row(
+        "recall@10 of the f16 index's exact search against the f32 index's",
+        format!("{:.4}", overlap(&exact, &f16)),
+        "",
+        "rounding every component to half precision",
+    ));
+    Ok(())
+}
+
+/// The share of `truth`'s results that `found` returns, over all queries.
+fn overlap(truth: &[Vec<grove_dense::Neighbour>], found: &[Vec<grove_dense::Neighbour>]) -> f64 {
+    let (mut hits, mut total) = (0usize, 0usize);
+    for (e, a) in truth.iter().zip(found) {
+        total += e.len();
+        hits += a.iter().filter(|n| e.iter().any(|x| x.row == n.row)).count();
+    }
+    hits as f64 / total.max(1) as f64
+}
+
+/// One index file and its queries, for [`measure`].
+struct Target<'a> {
+    /// Appended to the figures' names (`""`, `" (f16)"`, `", mini-Wikipedia"`).
+    label: &'a str,
+    path: &'a std::path::Path,
+    /// Row-major, the index's dimension.
+    queries: &'a [f32],
+    /// What the index is, for the notes.
+    what: String,
+    /// Also build (once, beside the file) and search an HNSW graph.
+    hnsw: bool,
+}
+
+/// Grove's exact search (and HNSW) on `t`'s file against faiss's on the same file and queries:
+/// queries/s batched and alone, recall, time to the first answer, resident memory. Returns
+/// Grove's exact top-10 of every query.
+fn measure(args: &BenchDenseArgs, t: &Target<'_>, rows: &mut Vec<Row>) -> Result<Vec<Vec<grove_dense::Neighbour>>> {
+    let (path, queries, label) = (t.path, t.queries, t.label);
+    let work = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dim = FlatIndex::open(path)?.dim();
+    let nq = queries.len() / dim;
+    let qpath = work.join(format!("grove-bench-queries-{}x{dim}.f32", nq));
     std::fs::write(&qpath, queries.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
     let k = 10;
-
     // Grove: open (map), first answer, then the timed searches.
     let (rss0, anon0, _) = rss_kib();
     let t0 = Instant::now();
     let index = FlatIndex::open(&path)?;
     let opened = t0.elapsed().as_secs_f64();
-    let first = grove_dense::search(&index, &queries[..args.dim], k, args.threads);
+    let first = grove_dense::search(&index, &queries[..dim], k, args.threads);
     let first_answer = t0.elapsed().as_secs_f64();
     drop(first);
     let mut best_one = f64::INFINITY;
@@ -193,24 +257,24 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     let mut ours = Vec::new();
     for _ in 0..args.repeats.max(1) {
         let a = Instant::now();
-        let _ = grove_dense::search(&index, &queries[..args.dim], k, args.threads);
+        let _ = grove_dense::search(&index, &queries[..dim], k, args.threads);
         best_one = best_one.min(a.elapsed().as_secs_f64());
     }
     for _ in 0..args.repeats.max(1) {
         let a = Instant::now();
-        ours = grove_dense::search(&index, &queries, k, args.threads);
+        ours = grove_dense::search(&index, queries, k, args.threads);
         best_batch = best_batch.min(a.elapsed().as_secs_f64());
     }
     let (rss1, anon1, file1) = rss_kib();
 
     // The approximate index over the same vectors: build once (kept beside the flat file), then
     // the same searches, and how many of the exact top-10 it returns.
-    let graph = grove_dense::approx::default_path(&path);
-    let hnsw = !args.no_hnsw;
+    let graph = grove_dense::approx::default_path(path);
+    let hnsw = t.hnsw;
     let built_in = if graph.exists() || !hnsw {
         None
     } else {
-        eprintln!("building the HNSW graph of {} vectors", args.vectors);
+        eprintln!("building the HNSW graph of {} vectors", index.len());
         let t = Instant::now();
         let mut g =
             grove_dense::ApproxIndex::build(&index, grove_dense::HnswParams::default(), args.threads, &|done| {
@@ -227,25 +291,20 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     let approx = if hnsw { Some(grove_dense::ApproxIndex::open(&graph, &index, 0)?) } else { None };
     for approx in approx.iter().flat_map(|a| std::iter::repeat_n(a, args.repeats.max(1))) {
         let a = Instant::now();
-        approx.search(&queries[..args.dim], k)?;
+        approx.search(&queries[..dim], k)?;
         approx_one = approx_one.min(a.elapsed().as_secs_f64());
     }
     for approx in approx.iter().flat_map(|a| std::iter::repeat_n(a, args.repeats.max(1))) {
         let a = Instant::now();
-        approx_found = approx.search_parallel(&queries, k, args.threads)?;
+        approx_found = approx.search_parallel(queries, k, args.threads)?;
         approx_batch = approx_batch.min(a.elapsed().as_secs_f64());
-    }
-    let (mut a_hits, mut a_total) = (0usize, 0usize);
-    for (e, a) in ours.iter().zip(&approx_found) {
-        a_total += e.len();
-        a_hits += a.iter().filter(|n| e.iter().any(|x| x.row == n.row)).count();
     }
 
     // faiss on the same file and queries.
     let python = args.python.clone().unwrap_or_else(default_python);
     let out = Command::new(&python)
         .args(["-c", FAISS_SCRIPT])
-        .arg(&path)
+        .arg(path)
         .arg(&qpath)
         .args([k.to_string(), args.repeats.max(1).to_string(), args.threads.to_string()])
         .output()
@@ -263,30 +322,29 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         hits += mine.iter().filter(|n| theirs.contains(&(n.row as i64))).count();
     }
     let recall = hits as f64 / total.max(1) as f64;
-    let nq = args.queries as f64;
-    let gb = (args.vectors * args.dim * 4) as f64 / 1e9;
     let faiss_threads = f["threads"].as_u64().unwrap_or(0);
-    let what = format!("{} x {} flat IP ({gb:.2} GB, {CENTERS} topics), top-{k}", args.vectors, args.dim);
+    let what = format!("{}, top-{k}", t.what);
+    let vectors = index.len();
     rows.push(row(
-        "dense exact search, batch, Grove",
-        format!("{:.1}", nq / best_batch),
+        format!("dense exact search, batch, Grove{label}"),
+        format!("{:.1}", nq as f64 / best_batch),
         "queries/s",
-        format!("{what}; {} queries in one call", args.queries),
+        format!("{what}; {nq} queries in one call"),
     ));
     rows.push(row(
-        "dense exact search, batch, faiss-cpu (baseline)",
-        format!("{:.1}", nq / num("batch_s")),
+        format!("dense exact search, batch, faiss-cpu (baseline){label}"),
+        format!("{:.1}", nq as f64 / num("batch_s")),
         "queries/s",
-        format!("faiss {} IndexFlatIP, {faiss_threads} threads", f["version"].as_str().unwrap_or("?")),
+        format!("faiss {}, {faiss_threads} threads", f["version"].as_str().unwrap_or("?")),
     ));
     rows.push(row(
-        "**Grove vs faiss, batched queries/s**",
+        format!("**Grove vs faiss, batched queries/s{label}**"),
         format!("{:.2}x", num("batch_s") / best_batch),
         "ratio",
         "same file, same queries",
     ));
     rows.push(row(
-        "dense exact search, one query, Grove / faiss",
+        format!("dense exact search, one query, Grove / faiss{label}"),
         format!("{:.1} / {:.1}", best_one * 1e3, num("one_s") * 1e3),
         "ms",
         "",
@@ -294,8 +352,8 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     let p = grove_dense::HnswParams::default();
     if hnsw {
         rows.push(row(
-            "dense HNSW search, batch, Grove",
-            format!("{:.1}", nq / approx_batch),
+            format!("dense HNSW search, batch, Grove{label}"),
+            format!("{:.1}", nq as f64 / approx_batch),
             "queries/s",
             format!(
                 "usearch HNSW, M {} efConstruction {} efSearch {}",
@@ -303,30 +361,30 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
             ),
         ));
         rows.push(row(
-            "**HNSW vs exact, batched queries/s**",
+            format!("**HNSW vs exact, batched queries/s{label}**"),
             format!("{:.1}x", best_batch / approx_batch),
             "ratio",
             "",
         ));
-        rows.push(row("dense HNSW search, one query", format!("{:.2}", approx_one * 1e3), "ms", ""));
+        rows.push(row(format!("dense HNSW search, one query{label}"), format!("{:.2}", approx_one * 1e3), "ms", ""));
         rows.push(row(
-            "recall@10 of HNSW against the exact top-10",
-            format!("{:.4}", a_hits as f64 / a_total.max(1) as f64),
+            format!("recall@10 of HNSW against the exact top-10{label}"),
+            format!("{:.4}", overlap(&ours, &approx_found)),
             "",
             match built_in {
-                Some(s) => format!("graph built in {s:.0} s ({:.0} vectors/s)", args.vectors as f64 / s),
+                Some(s) => format!("graph built in {s:.0} s ({:.0} vectors/s)", vectors as f64 / s),
                 None => "graph reused from an earlier run".to_string(),
             },
         ));
     }
     rows.push(row(
-        "recall@10 of Grove against faiss's exact top-10",
+        format!("recall@10 of Grove against faiss's exact top-10{label}"),
         format!("{recall:.4}"),
         "",
         "1.0 = the same neighbours",
     ));
     rows.push(row(
-        "start to first answer, Grove (mmap) / faiss.read_index",
+        format!("start to first answer, Grove (mmap) / faiss.read_index{label}"),
         format!("{:.3} / {:.3}", first_answer, num("first_answer_s")),
         "s",
         format!(
@@ -336,14 +394,14 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         ),
     ));
     rows.push(row(
-        "**faiss vs Grove, time to first answer**",
+        format!("**faiss vs Grove, time to first answer{label}**"),
         format!("{:.1}x", num("first_answer_s") / first_answer),
         "ratio",
         "",
     ));
     let frss = &f["rss_kib"];
     rows.push(row(
-        "resident memory after the searches, Grove",
+        format!("resident memory after the searches, Grove{label}"),
         format!(
             "{:.0} MiB ({:.0} anonymous + {:.0} mapped file)",
             rss1 as f64 / 1024.0,
@@ -358,7 +416,7 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         ),
     ));
     rows.push(row(
-        "resident memory after the searches, faiss",
+        format!("resident memory after the searches, faiss{label}"),
         format!(
             "{:.0} MiB ({:.0} anonymous)",
             frss["VmRSS"].as_f64().unwrap_or(0.0) / 1024.0,
@@ -367,7 +425,7 @@ fn speed(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         "",
         "read_index copies the vectors into the process",
     ));
-    Ok(())
+    Ok(ours)
 }
 
 /// Recall@3 of the evidence passage for the FanOutQA sub-questions whose page is in the corpus.
@@ -404,7 +462,14 @@ async fn quality(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
     if !FlatIndex::open(&index_path).is_ok_and(|i| i.len() == titles.len()) {
         let encoder = load_encoder(&config)?;
         let t = Instant::now();
-        let n = crate::write_dense_index(&encoder, &corpus, &index_path, Metric::InnerProduct, 64)?;
+        let n = crate::write_dense_index(
+            &encoder,
+            &corpus,
+            &index_path,
+            Metric::InnerProduct,
+            grove_dense::Storage::F32,
+            64,
+        )?;
         let secs = t.elapsed().as_secs_f64();
         rows.push(row(
             "encode mini-Wikipedia (all-MiniLM-L6-v2, CPU)",
@@ -412,6 +477,20 @@ async fn quality(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
             "passages/s",
             format!("{n} passages in {secs:.1} s"),
         ));
+    }
+    if !args.no_speed {
+        // Search speed on a real index: the FanOutQA sub-questions, encoded, against the corpus.
+        let encoder = load_encoder(&config)?;
+        let texts: Vec<&str> = qs.iter().map(|(q, _)| q.as_str()).collect();
+        let vectors = encoder.encode(&texts, grove_dense::TextKind::Query)?;
+        let what = format!(
+            "mini-Wikipedia, {} x {} flat IP (all-MiniLM-L6-v2), the FanOutQA sub-questions as queries",
+            titles.len(),
+            encoder.dim()
+        );
+        let target =
+            Target { label: ", mini-Wikipedia", path: &index_path, queries: &vectors, what, hnsw: !args.no_hnsw };
+        measure(args, &target, rows)?;
     }
     let config = DenseConfig { index: Some(index_path), ..config };
     let dense = DenseBackend::open(&config, &corpus)?;

@@ -233,8 +233,14 @@ impl Ctx {
 
     /// SFT of `<out>/init` on `<out>/warm.jsonl` for `epochs`: `<out>/<name>`.
     pub(crate) fn sft_small(&self, name: &str, epochs: usize) -> Result<()> {
+        self.sft_small_sample(name, epochs, None)
+    }
+
+    /// [`sft_small`](Self::sft_small) on a seeded sample of `trajectories` (seed 0) when given.
+    pub(crate) fn sft_small_sample(&self, name: &str, epochs: usize, trajectories: Option<usize>) -> Result<()> {
         let epochs = epochs.to_string();
-        self.trainer(&[
+        let sample = trajectories.map(|t| t.to_string());
+        let mut args = vec![
             "sft",
             "--model",
             "init",
@@ -248,7 +254,11 @@ impl Ctx {
             "2e-3",
             "--batch",
             "4",
-        ])
+        ];
+        if let Some(t) = &sample {
+            args.extend(["--max-trajectories", t.as_str()]);
+        }
+        self.trainer(&args)
     }
 }
 

@@ -39,11 +39,65 @@ pub struct ExperimentArgs {
     pub strong_epochs: usize,
     #[arg(long, default_value_t = 2)]
     pub weak_epochs: usize,
+    /// Train the weak start on a seeded sample of this many of the scripted trajectories
+    /// (default: all): a finer knob than whole epochs for where the weak start lands.
+    #[arg(long)]
+    pub weak_trajectories: Option<usize>,
     /// Held-out questions per hop count.
     #[arg(long)]
     pub test_questions: Option<usize>,
     #[arg(long)]
     pub release: bool,
+    /// Run only these regimes (repeatable; default both). A follow-up on one regime writes to
+    /// its own `--out`.
+    #[arg(long = "regime", value_enum)]
+    pub regimes: Vec<RegimeKind>,
+    /// Build the world and the warm starts, print each start's greedy EM on a seeded sample of
+    /// 100 *training* questions, and stop before any training run: the check a protocol may
+    /// use to choose a start, since it never reads held-out data.
+    #[arg(long)]
+    pub check_starts: bool,
+}
+
+/// The two warm starts of the experiment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RegimeKind {
+    Strong,
+    Weak,
+}
+
+impl RegimeKind {
+    fn name(self) -> &'static str {
+        match self {
+            RegimeKind::Strong => "strong",
+            RegimeKind::Weak => "weak",
+        }
+    }
+
+    fn epochs(self, args: &ExperimentArgs) -> usize {
+        match self {
+            RegimeKind::Strong => args.strong_epochs,
+            RegimeKind::Weak => args.weak_epochs,
+        }
+    }
+
+    fn trajectories(self, args: &ExperimentArgs) -> Option<usize> {
+        match self {
+            RegimeKind::Strong => None,
+            RegimeKind::Weak => args.weak_trajectories,
+        }
+    }
+
+    fn note(self, args: &ExperimentArgs) -> String {
+        match self.trajectories(args) {
+            Some(t) => format!("SFT {} epochs on {t} of the scripted trajectories", self.epochs(args)),
+            None => format!("SFT {} epochs on the scripted trajectories", self.epochs(args)),
+        }
+    }
+
+    fn model(self) -> String {
+        format!("sft-{}", self.name())
+    }
 }
 
 /// The settings of a full or a quick experiment.
@@ -86,7 +140,7 @@ fn config(env: &str, plan: &Plan, args: &ExperimentArgs) -> String {
 seeds = [{seeds}]
 
 [train]
-model = "sft-strong"
+model = "{first}"
 {world}
 out_dir = "experiment"
 steps = {steps}
@@ -112,16 +166,7 @@ lrs = [{lrs}]
 seeds = [1000]
 judge_last = 0.5
 
-[[regimes]]
-name = "strong"
-model = "sft-strong"
-note = "SFT {strong} epochs on the scripted trajectories"
-
-[[regimes]]
-name = "weak"
-model = "sft-weak"
-note = "SFT {weak} epochs on the scripted trajectories"
-
+{regimes}
 [[arms]]
 method = {{ kind = "chain", n = 2 }}
 
@@ -140,9 +185,30 @@ method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
         prompts = plan.prompts,
         eval_every = (plan.steps / 2).max(1),
         lrs = plan.lrs,
-        strong = args.strong_epochs,
-        weak = args.weak_epochs,
+        regimes = regimes_toml(args),
+        first = selected(args)[0].model(),
     )
+}
+
+/// The regimes `args` selects (both when none is named), in a fixed order.
+fn selected(args: &ExperimentArgs) -> Vec<RegimeKind> {
+    [RegimeKind::Strong, RegimeKind::Weak]
+        .into_iter()
+        .filter(|r| args.regimes.is_empty() || args.regimes.contains(r))
+        .collect()
+}
+
+fn regimes_toml(args: &ExperimentArgs) -> String {
+    let mut out = String::new();
+    for r in selected(args) {
+        out += &format!(
+            "[[regimes]]\nname = \"{}\"\nmodel = \"{}\"\nnote = \"{}\"\n\n",
+            r.name(),
+            r.model(),
+            r.note(args)
+        );
+    }
+    out
 }
 
 /// Chain GRPO against Tree-GRPO at budgets 2 and 4, from a strong and a weak warm start.
@@ -162,13 +228,48 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
     if !ctx.out.join("init/model.safetensors").exists() {
         ctx.init_small()?;
     }
-    for (name, epochs) in [("sft-strong", args.strong_epochs), ("sft-weak", args.weak_epochs)] {
-        if !ctx.out.join(name).join("model.safetensors").exists() {
-            util::banner(&format!("warm start `{name}`: SFT {epochs} epochs"));
-            ctx.sft_small(name, epochs)?;
+    for r in selected(args) {
+        let (name, epochs) = (r.model(), r.epochs(args));
+        if !ctx.out.join(&name).join("model.safetensors").exists() {
+            util::banner(&format!("warm start `{name}`: {}", r.note(args)));
+            ctx.sft_small_sample(&name, epochs, r.trajectories(args))?;
         }
     }
+    if args.check_starts {
+        for r in selected(args) {
+            let name = r.model();
+            util::banner(&format!("`{name}`: greedy EM on 100 training questions (sample seed 0)"));
+            ctx.trainer(&[
+                "eval",
+                "--model",
+                &name,
+                "--env",
+                &server.url,
+                "--data",
+                "world/train.jsonl",
+                "--data-source",
+                "synthetic",
+                "--prompt-template",
+                "world/prompt.txt",
+                "--max-turns",
+                "4",
+                "--max-new-tokens",
+                "48",
+                "--topk",
+                "1",
+                "--max-questions",
+                "100",
+                "--json",
+                &format!("{name}-train-check.json"),
+            ])?;
+        }
+        return Ok(());
+    }
     std::fs::write(ctx.out.join("experiment.toml"), config(&server.url, &plan, args))?;
-    util::banner("experiment: chain GRPO against Tree-GRPO at budgets 2 and 4, strong and weak start");
+    let names: Vec<&str> = selected(args).iter().map(|r| r.name()).collect();
+    util::banner(&format!(
+        "experiment: chain GRPO against Tree-GRPO at budgets 2 and 4, {} start",
+        names.join(" and ")
+    ));
     ctx.trainer(&["experiment", "--config", "experiment.toml"])
 }

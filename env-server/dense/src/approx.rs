@@ -18,8 +18,45 @@ pub enum ApproxError {
 }
 
 /// Concurrent searches an opened index is prepared for; [`ApproxIndex::search_parallel`] uses
-/// at most a quarter of them, so several calls can overlap.
+/// at most a quarter of them, so several calls can overlap. usearch refuses a search beyond its
+/// prepared contexts, so callers beyond this many wait for a free one ([`Slots`]) instead.
 const MAX_SEARCH_THREADS: usize = 64;
+
+/// A counting semaphore over usearch's search contexts: a search holds one while it runs, and a
+/// caller finding none free waits (in arrival order is not promised; every waiter is woken as
+/// contexts free up). Blocking is right here: searches run on blocking threads, never on the
+/// async runtime's workers.
+#[derive(Debug)]
+struct Slots {
+    used: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+    max: usize,
+}
+
+struct SlotGuard<'a>(&'a Slots);
+
+impl Slots {
+    fn new(max: usize) -> Slots {
+        Slots { used: std::sync::Mutex::new(0), freed: std::sync::Condvar::new(), max }
+    }
+
+    fn acquire(&self) -> SlotGuard<'_> {
+        let mut used = self.used.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *used >= self.max {
+            used = self.freed.wait(used).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *used += 1;
+        SlotGuard(self)
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let mut used = self.0.used.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *used -= 1;
+        self.0.freed.notify_one();
+    }
+}
 
 /// Graph parameters (the defaults are usearch's own); zero means usearch's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -45,6 +82,7 @@ pub struct ApproxIndex {
     metric: Metric,
     dim: usize,
     path: Option<PathBuf>,
+    slots: Slots,
 }
 
 impl std::fmt::Debug for ApproxIndex {
@@ -124,7 +162,10 @@ impl ApproxIndex {
             return Err(ApproxError::Index { path: flat.path().to_path_buf(), message: first });
         }
         progress(n);
-        Ok(ApproxIndex { index, metric: flat.metric(), dim: flat.dim(), path: None })
+        // Prepare as many search contexts as an opened index has.
+        index.reserve_capacity_and_threads(n, MAX_SEARCH_THREADS.max(threads)).map_err(err)?;
+        let slots = Slots::new(MAX_SEARCH_THREADS);
+        Ok(ApproxIndex { index, metric: flat.metric(), dim: flat.dim(), path: None, slots })
     }
 
     /// Write the index to `path`.
@@ -144,6 +185,17 @@ impl ApproxIndex {
 
     /// Map the index saved at `path` and check that it was built over `flat`.
     pub fn open(path: &Path, flat: &FlatIndex, expansion_search: usize) -> Result<ApproxIndex, ApproxError> {
+        Self::open_with_contexts(path, flat, expansion_search, MAX_SEARCH_THREADS)
+    }
+
+    /// [`open`](Self::open) with `contexts` concurrent searches prepared (and at most that many
+    /// running at once; more callers wait).
+    fn open_with_contexts(
+        path: &Path,
+        flat: &FlatIndex,
+        expansion_search: usize,
+        contexts: usize,
+    ) -> Result<ApproxIndex, ApproxError> {
         let err = |message: String| ApproxError::Index { path: path.to_path_buf(), message };
         let s = path.to_str().ok_or_else(|| err("not UTF-8".into()))?;
         if !path.exists() {
@@ -169,8 +221,9 @@ impl ApproxIndex {
         }
         // usearch keeps one search context per concurrent caller and refuses a search beyond
         // them; a view starts with too few. Contexts are small (a visited set each).
-        index.reserve_capacity_and_threads(index.size(), MAX_SEARCH_THREADS).map_err(|e| err(e.to_string()))?;
-        Ok(ApproxIndex { index, metric, dim: flat.dim(), path: Some(path.to_path_buf()) })
+        index.reserve_capacity_and_threads(index.size(), contexts).map_err(|e| err(e.to_string()))?;
+        let slots = Slots::new(contexts);
+        Ok(ApproxIndex { index, metric, dim: flat.dim(), path: Some(path.to_path_buf()), slots })
     }
 
     pub fn len(&self) -> usize {
@@ -223,12 +276,13 @@ impl ApproxIndex {
         if !queries.len().is_multiple_of(self.dim) {
             return Err(err(format!("queries are not whole {}-dimensional rows", self.dim)));
         }
+        if k == 0 || self.is_empty() {
+            return Ok(vec![Vec::new(); queries.len() / self.dim]);
+        }
+        let _slot = self.slots.acquire();
         queries
             .chunks_exact(self.dim)
             .map(|q| {
-                if k == 0 || self.is_empty() {
-                    return Ok(Vec::new());
-                }
                 let m = self.index.search(q, k).map_err(|e| err(e.to_string()))?;
                 Ok(m.keys
                     .iter()
@@ -306,6 +360,29 @@ mod tests {
             let other = random_flat(&other_dir, 10, 32, metric);
             let err = ApproxIndex::open(&path, &other, 0).unwrap_err();
             assert!(err.to_string().contains("built for 4000 vectors"), "{err}");
+        }
+    }
+
+    /// More overlapping searches than usearch has contexts wait for one instead of failing
+    /// ("Reserve capacity ahead of searches!"): 4 calls of 16 threads each against 2 contexts
+    /// (against the default 64, the same overlap needs more cores than CI has to show).
+    #[test]
+    fn overlapping_searches_beyond_the_contexts_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let flat = random_flat(dir.path(), 2000, 16, Metric::InnerProduct);
+        let mut built = ApproxIndex::build(&flat, HnswParams::default(), 2, &|_| {}).unwrap();
+        let path = default_path(flat.path());
+        built.save(&path).unwrap();
+        for approx in [built, ApproxIndex::open_with_contexts(&path, &flat, 0, 2).unwrap()] {
+            let queries: Vec<f32> = (0..640).flat_map(|r| flat.vector(r * 3)).collect();
+            let alone = approx.search(&queries, 5).unwrap();
+            std::thread::scope(|s| {
+                let calls: Vec<_> = (0..4).map(|_| s.spawn(|| approx.search_parallel(&queries, 5, 64))).collect();
+                for call in calls {
+                    assert_eq!(call.join().unwrap().unwrap(), alone);
+                }
+            });
+            assert_eq!(*approx.slots.used.lock().unwrap(), 0);
         }
     }
 }

@@ -1,14 +1,15 @@
 //! FAISS files both ways, against Python faiss-cpu in the test venv (`cargo xtask test` installs
 //! it; elsewhere set `GROVE_PYTHON` to a Python with `faiss-cpu` and `numpy`):
-//! - indexes written by `faiss.write_index` (IndexFlatIP, IndexFlatL2, IndexIDMap) are read in
-//!   place and searched exactly, and the answers equal faiss's own on the same queries;
-//! - an index written by Grove's `FlatWriter` is read by `faiss.read_index`, and faiss's answers
-//!   on it equal Grove's.
+//! - indexes written by `faiss.write_index` (IndexFlatIP, IndexFlatL2, IndexIDMap, fp16
+//!   IndexScalarQuantizer) are read in place and searched exactly, and the answers equal faiss's
+//!   own on the same queries;
+//! - an index written by Grove's `FlatWriter` (f32 or f16) is read by `faiss.read_index`, and
+//!   faiss's answers on it equal Grove's; Grove's f16 file is byte for byte faiss's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use grove_dense::{FlatIndex, FlatWriter, Metric, Neighbour, search};
+use grove_dense::{FlatIndex, FlatWriter, Metric, Neighbour, Storage, search};
 use serde_json::Value;
 
 fn python() -> PathBuf {
@@ -79,12 +80,24 @@ fn indexes_written_by_faiss_are_read_in_place_and_searched_like_faiss() {
     let queries = read_f32(&dir.path().join("queries.f32"));
     let vectors = read_f32(&dir.path().join("vectors.f32"));
     let k = answers["k"].as_u64().unwrap() as usize;
-    for (name, metric) in
-        [("flat_ip", Metric::InnerProduct), ("flat_l2", Metric::L2), ("idmap_ip", Metric::InnerProduct)]
-    {
+    for (name, metric, storage) in [
+        ("flat_ip", Metric::InnerProduct, Storage::F32),
+        ("flat_l2", Metric::L2, Storage::F32),
+        ("idmap_ip", Metric::InnerProduct, Storage::F32),
+        ("sq_fp16_ip", Metric::InnerProduct, Storage::F16),
+        ("sq_fp16_l2", Metric::L2, Storage::F16),
+    ] {
         let index = FlatIndex::open(&dir.path().join(format!("{name}.index"))).unwrap();
-        assert_eq!((index.dim(), index.len(), index.metric()), (48, 3000, metric), "{name}");
-        assert_eq!(index.vector(2999), vectors[2999 * 48..], "{name}: last row");
+        assert_eq!((index.dim(), index.len(), index.metric(), index.storage()), (48, 3000, metric, storage), "{name}");
+        let last = &vectors[2999 * 48..];
+        match storage {
+            Storage::F32 => assert_eq!(index.vector(2999), last, "{name}: last row"),
+            Storage::F16 => {
+                let halves: Vec<f32> =
+                    last.iter().map(|&x| half::f16::from_bits(grove_dense::encode_f16(x)).to_f32()).collect();
+                assert_eq!(index.vector(2999), halves, "{name}: last row, rounded to half");
+            }
+        }
         for threads in [1, 3] {
             let ours = search(&index, &queries, k, threads);
             let a = &answers[name];
@@ -122,9 +135,14 @@ fn indexes_written_by_grove_are_read_by_faiss() {
     let queries: Vec<f32> = (0..5 * d).map(|_| next()).collect();
     let qpath = dir.path().join("queries.f32");
     std::fs::write(&qpath, queries.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-    for metric in [Metric::InnerProduct, Metric::L2] {
-        let path = dir.path().join(format!("{metric:?}.index"));
-        let mut w = FlatWriter::create_or_resume(&path, d, metric).unwrap();
+    for (metric, storage) in [
+        (Metric::InnerProduct, Storage::F32),
+        (Metric::L2, Storage::F32),
+        (Metric::InnerProduct, Storage::F16),
+        (Metric::L2, Storage::F16),
+    ] {
+        let path = dir.path().join(format!("{metric:?}-{storage}.index"));
+        let mut w = FlatWriter::create_or_resume_as(&path, d, metric, storage).unwrap();
         // In two appends, as an index build writes batch by batch.
         w.append(&vectors[..300 * d]).unwrap();
         w.append(&vectors[300 * d..]).unwrap();
@@ -136,6 +154,29 @@ fn indexes_written_by_grove_are_read_by_faiss() {
         assert_eq!(faiss["metric"], if metric == Metric::L2 { 1 } else { 0 });
         let index = FlatIndex::open(&path).unwrap();
         let ours = search(&index, &queries, 8, 1);
-        assert_same(&ours, &faiss["labels"], &faiss["distances"], |row| row as i64, &format!("{metric:?}"));
+        assert_same(&ours, &faiss["labels"], &faiss["distances"], |row| row as i64, &format!("{metric:?} {storage}"));
+    }
+}
+
+#[test]
+fn grove_writes_the_same_bytes_as_faiss() {
+    let dir = tempfile::tempdir().unwrap();
+    run_python(&["write".as_ref(), dir.path().as_os_str()]);
+    let vectors = read_f32(&dir.path().join("vectors.f32"));
+    for (name, metric, storage) in [
+        ("flat_ip", Metric::InnerProduct, Storage::F32),
+        ("flat_l2", Metric::L2, Storage::F32),
+        ("sq_fp16_ip", Metric::InnerProduct, Storage::F16),
+        ("sq_fp16_l2", Metric::L2, Storage::F16),
+    ] {
+        let path = dir.path().join(format!("grove-{name}.index"));
+        let mut w = FlatWriter::create_or_resume_as(&path, 48, metric, storage).unwrap();
+        w.append(&vectors).unwrap();
+        w.finish().unwrap();
+        let ours = std::fs::read(&path).unwrap();
+        let theirs = std::fs::read(dir.path().join(format!("{name}.index"))).unwrap();
+        assert_eq!(ours.len(), theirs.len(), "{name}: file length");
+        let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+        assert_eq!(first, None, "{name}: first differing byte");
     }
 }

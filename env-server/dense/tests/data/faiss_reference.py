@@ -1,9 +1,10 @@
 """Reference files and answers from Python faiss-cpu for `tests/faiss_files.rs`.
 
     python faiss_reference.py write OUT_DIR
-        Seeded random vectors and queries (raw little-endian f32 files), three indexes written by
-        faiss.write_index (IndexFlatIP, IndexFlatL2, IndexIDMap over an IndexFlatIP) and faiss's
-        own top-10 for every query of each, in OUT_DIR/answers.json.
+        Seeded random vectors and queries (raw little-endian f32 files), five indexes written by
+        faiss.write_index (IndexFlatIP, IndexFlatL2, IndexIDMap over an IndexFlatIP, and fp16
+        IndexScalarQuantizer by inner product and by L2) and faiss's own top-10 for every query
+        of each, in OUT_DIR/answers.json.
 
     python faiss_reference.py search INDEX QUERIES K
         Read INDEX (e.g. one written by Grove) with faiss.read_index and print faiss's answers for
@@ -31,7 +32,12 @@ def write(out):
     idmap = faiss.IndexIDMap(faiss.IndexFlatIP(d))
     ids = (1000 + 7 * np.arange(n)).astype(np.int64)
     idmap.add_with_ids(xb, ids)
-    for name, index in [("flat_ip", ip), ("flat_l2", l2), ("idmap_ip", idmap)]:
+    sq_ip = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+    sq_ip.add(xb)
+    sq_l2 = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
+    sq_l2.add(xb)
+    named = [("flat_ip", ip), ("flat_l2", l2), ("idmap_ip", idmap), ("sq_fp16_ip", sq_ip), ("sq_fp16_l2", sq_l2)]
+    for name, index in named:
         faiss.write_index(index, f"{out}/{name}.index")
         dist, lab = index.search(xq, 10)
         answers[name] = {"distances": dist.tolist(), "labels": lab.tolist()}
