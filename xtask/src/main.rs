@@ -13,6 +13,7 @@ mod libtorch;
 mod python;
 mod redis;
 mod soak;
+mod tidy;
 mod util;
 
 use std::path::{Path, PathBuf};
@@ -78,6 +79,9 @@ enum Command {
     /// binaries, golden models, tokenizer, a small world, the script); `--cpu` also runs the
     /// script here in its CPU mode.
     GpuCheck(gpu::GpuArgs),
+    /// Check that every Rust file has a module doc and is on ARCHITECTURE.md's code map, that
+    /// every subcommand is on it, and that no test is switched off (also a test of xtask).
+    Tidy,
     /// Run the libFuzzer targets in fuzz/ (wire frames, action parser, dataset loaders, GGUF)
     /// for --seconds each with a persistent corpus in the cache; fails on any crash.
     Fuzz(fuzz::FuzzArgs),
@@ -102,6 +106,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => bench::run(&root, &args)?,
         Command::Fuzz(args) => fuzz::run(&root, &args)?,
         Command::GpuCheck(args) => gpu::run(&root, &args)?,
+        Command::Tidy => tidy::run(&root)?,
         Command::Env => {
             let dir = libtorch::ensure(&root, libtorch::Variant::Cpu)?;
             println!("export LIBTORCH={}", dir.display());
