@@ -1,3 +1,5 @@
+//! Build script of grove-env-server: with the `dense` feature only, an rpath to libtorch's
+//! libraries (a default build does not link libtorch).
 // With the `dense` feature the server links libtorch (through grove-dense): add an rpath to its
 // libraries, as the trainer does, so the binary and its tests load them without
 // `LD_LIBRARY_PATH`. LIBTORCH comes from `.cargo/config.toml` (set up by `cargo xtask setup`).

@@ -1,3 +1,5 @@
+//! Build script of grove-trainer: an rpath to libtorch's libraries, so that the `trainer`
+//! binary and the tests load them without `LD_LIBRARY_PATH`.
 // Adds an rpath to the libtorch libraries, so that test and run binaries load them without
 // `LD_LIBRARY_PATH`. LIBTORCH comes from `.cargo/config.toml` (set up by `cargo xtask setup`)
 // or the environment; the path is canonicalised so that it survives moving the checkout.

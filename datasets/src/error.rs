@@ -1,3 +1,6 @@
+//! The data layer's errors: [`RowError`] (one unreadable row, shown as `path:line: message`) and
+//! [`DatasetError`] (a file that cannot be read, a bad row, a malformed file), and its `Result`.
+
 use std::path::PathBuf;
 
 /// One unreadable row: where it is and what is wrong with it.

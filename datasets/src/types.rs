@@ -1,3 +1,7 @@
+//! The data types every crate shares: [`QaExample`] (a question, its gold answers, its data
+//! source and how it is scored), [`Passage`] (a corpus passage, and wiki-18's `contents` form of
+//! it) and [`Metric`], with the reference routing of data sources to EM or F1.
+
 use serde::{Deserialize, Serialize};
 
 /// How answers of a data source are scored (`docs/tree-grpo-spec.md` §4).

@@ -1,3 +1,4 @@
+//! Build script of grove-dense: an rpath to libtorch's libraries, which the encoder runs on.
 // Adds an rpath to the libtorch libraries, so that test and run binaries load them without
 // `LD_LIBRARY_PATH`. LIBTORCH comes from `.cargo/config.toml` (set up by `cargo xtask setup`)
 // or the environment; the path is canonicalised so that it survives moving the checkout.

@@ -23,15 +23,11 @@ pub enum SetupError {
     Config(String),
 }
 
-/// Where the SQLite cache lives when the configuration does not say: `$GROVE_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/grove`, else `~/.cache/grove`, as `web-cache.sqlite3`.
+/// Where the SQLite cache lives when the configuration does not say: `web-cache.sqlite3` in
+/// Grove's one cache directory (`$GROVE_CACHE`, else `$XDG_CACHE_HOME/grove`, else
+/// `~/.cache/grove`), the directory every other Grove tool uses.
 pub fn default_cache_path() -> PathBuf {
-    let dir = std::env::var_os("GROVE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("grove")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/grove")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    dir.join("web-cache.sqlite3")
+    grove_datasets::assets::cache_dir().join("web-cache.sqlite3")
 }
 
 /// Open the cache a configuration names (`None` for `store = "none"`).

@@ -353,7 +353,7 @@ async fn http_phase(
     seconds: f64,
     topk: u32,
 ) -> Result<(usize, Vec<Duration>, f64)> {
-    grove_env_server::install_tls_provider();
+    grove_http::install_tls_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .tcp_nodelay(true)

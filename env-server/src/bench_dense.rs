@@ -247,7 +247,7 @@ fn measure(args: &BenchDenseArgs, t: &Target<'_>, rows: &mut Vec<Row>) -> Result
     // Grove: open (map), first answer, then the timed searches.
     let (rss0, anon0, _) = rss_kib();
     let t0 = Instant::now();
-    let index = FlatIndex::open(&path)?;
+    let index = FlatIndex::open(path)?;
     let opened = t0.elapsed().as_secs_f64();
     let first = grove_dense::search(&index, &queries[..dim], k, args.threads);
     let first_answer = t0.elapsed().as_secs_f64();

@@ -356,15 +356,18 @@ You can search as many times as you want. If no further external knowledge is ne
 pub struct RemoteConfig {
     /// Deadline for one `/retrieve` call, retries included.
     pub deadline_ms: u64,
-    /// Attempts after the first on connection errors and 5xx replies.
+    /// Attempts after the first on connection errors, 429 and 5xx replies.
     pub retries: u32,
     pub backoff_ms: u64,
+    /// A reply longer than this is refused (`bad_reply`) without being buffered whole: a
+    /// `/retrieve` reply for a tick's queries is a few megabytes at most.
+    pub max_reply_bytes: usize,
     /// Put the persistent cache (`[cache]`) in front of the retriever too.
     pub cache: bool,
 }
 
 impl Default for RemoteConfig {
     fn default() -> Self {
-        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100, cache: false }
+        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100, max_reply_bytes: 32 << 20, cache: false }
     }
 }

@@ -21,9 +21,3 @@ pub mod sim;
 pub mod testkit;
 
 pub use net::{Backends, run};
-
-/// rustls needs a process-wide crypto provider before the first HTTP client is built (reqwest is
-/// built without one to keep aws-lc out of the build; this installs ring). Idempotent.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

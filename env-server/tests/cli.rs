@@ -91,7 +91,7 @@ async fn serve_from_the_command_line_until_sigint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_keys_never_reach_the_logs() {
     use grove_env_server::testkit::{Canned, ScriptedServer};
-    grove_env_server::install_tls_provider();
+    grove_http::install_tls_provider();
     const TOKEN: &str = "tok-7f3a9c1e-never-log-me";
     const WRONG: &str = "wrong-5b2d8e-guess";
     const KEY: &str = "key-0d4c6a-provider-secret";

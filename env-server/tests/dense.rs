@@ -111,7 +111,7 @@ async fn serve(backend: &str, corpus: &Path, index: &Path) -> Server {
 }
 
 async fn serve_with(backend: &str, corpus: &Path, index: &Path, extra: &[&str]) -> Server {
-    grove_env_server::install_tls_provider();
+    grove_http::install_tls_provider();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = env_server()
         .args(["serve", "--backend", backend])

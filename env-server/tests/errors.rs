@@ -208,7 +208,7 @@ async fn connection_limit_is_a_typed_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_token_guards_websocket_and_http() {
-    grove_env_server::install_tls_provider();
+    grove_http::install_tls_provider();
     let config = ServerConfig { token: Some("s3cret".into()), ..Default::default() };
     let server = TestServer::start(config).await;
     let with = |t: &str| ClientOptions { token: Some(t.into()), name: None, ..Default::default() };

@@ -1013,3 +1013,79 @@ async fn a_client_that_never_reads_is_released_when_it_closes() {
     assert_eq!(late.ping(5).await.unwrap(), 5);
     server.check_rss(T, before);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A hostile peer on the other side: the remote retriever.
+
+/// A `/retrieve` server that answers every request with a 1 GiB JSON reply, streamed in 1 MiB
+/// writes for as long as the client reads. Returns its address and the bytes it managed to send.
+async fn gigabyte_retriever() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = s.read(&mut buf).await;
+                const GIB: u64 = 1 << 30;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {GIB}\r\n\r\n{{\"result\": [["
+                );
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b' '; 1 << 20];
+                let mut total = head.len() as u64;
+                while total < GIB {
+                    if s.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    total += chunk.len() as u64;
+                    counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (addr, sent)
+}
+
+/// The issue's test of the outbound HTTP policy: a retriever that streams 1 GiB gets the search
+/// a typed error (the reply is cut at `remote.max_reply_bytes`, never buffered whole), the
+/// server's peak memory stays far below the reply, and the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retriever_streaming_a_gigabyte_is_cut_at_the_reply_cap() {
+    let (addr, sent) = gigabyte_retriever().await;
+    let toml = format!(
+        "backend = \"remote\"\nremote_url = \"http://{addr}/retrieve\"\n[remote]\ndeadline_ms = 60000\nretries = 0\n\
+         max_reply_bytes = 8388608\n"
+    );
+    let mut server = ChildServer::start(&toml).await;
+    let c = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
+    let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
+    let obs = c.step_text(ep, "<search> harbor bridge </search>").await.unwrap();
+    let error = obs.error.expect("the failed search carries its error");
+    assert_eq!(error.code, ErrorCode::BackendError, "{error:?}");
+    assert!(obs.text.contains("Search failed"), "{}", obs.text);
+    let why = format!("{}\n{}", error.message, server.log_tail());
+    assert!(why.contains("reply larger than 8388608 bytes"), "{why}");
+    // The retriever got to send a few MiB (the cap plus socket buffers), not the gigabyte.
+    let streamed = sent.load(Ordering::Relaxed);
+    assert!(streamed < 128 << 20, "the server read {streamed} bytes of the reply");
+    // Peak resident memory over the whole run, not only now.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let peak: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    println!("retriever sent {streamed} bytes; server peak VmHWM {peak} KiB");
+    assert!(peak < RSS_BOUND_KB, "server peak memory {peak} KiB");
+    // Still serving: the episode can answer.
+    let done = c.step_text(ep, "<answer> Ada Kerrigan </answer>").await.unwrap();
+    assert!(done.done);
+    server.assert_alive();
+}

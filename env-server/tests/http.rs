@@ -14,7 +14,7 @@ use grove_protocol::{ErrorCode, StepAction};
 use serde_json::{Value, json};
 
 async fn post(url: &str, body: Value) -> (u16, Value) {
-    grove_env_server::install_tls_provider();
+    grove_http::install_tls_provider();
     let r = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
 }

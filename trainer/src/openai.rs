@@ -36,6 +36,9 @@ explanation. Write only the final answer between <answer> and </answer>, for exa
 /// How much of an error body is kept in an error.
 const BODY_EXCERPT: usize = 500;
 
+/// A chat completion's reply is read up to this many bytes.
+const MAX_REPLY_BYTES: usize = 16 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum OpenAiError {
     #[error("cannot build the HTTP client: {0}")]
@@ -50,16 +53,8 @@ pub enum OpenAiError {
     MalformedJson { error: String, body: String },
     #[error("the model server returned no choices")]
     EmptyChoices,
-}
-
-impl OpenAiError {
-    fn retryable(&self) -> bool {
-        match self {
-            OpenAiError::Http { status, .. } => *status == 429 || *status >= 500,
-            OpenAiError::Timeout(_) | OpenAiError::Transport(_) => true,
-            _ => false,
-        }
-    }
+    #[error("the model server's reply is larger than {0} bytes")]
+    TooLarge(usize),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -206,35 +201,14 @@ impl OpenAiPolicy {
 
     /// The HTTP client this policy's calls use.
     pub fn http_client(&self) -> Result<reqwest::Client, OpenAiError> {
-        // reqwest is built without a rustls crypto provider; install ring (idempotent).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        grove_http::install_tls_provider();
         reqwest::Client::builder().timeout(self.timeout).build().map_err(|e| OpenAiError::Build(e.to_string()))
     }
 
-    /// One chat completion, retried on 429 / 5xx / timeouts / connection errors.
+    /// One chat completion under Grove's outbound HTTP policy: each attempt within `timeout`,
+    /// retried on 429 / 5xx / timeouts / connection errors (a `Retry-After` up to 300 s wins over
+    /// the backoff), the reply read up to 16 MiB, the API key blanked out of every error.
     pub async fn chat(&self, http: &reqwest::Client, messages: &[Message]) -> Result<ChatReply, OpenAiError> {
-        let mut attempt = 0u32;
-        loop {
-            match self.chat_once(http, messages).await {
-                Ok(reply) => return Ok(reply),
-                Err((e, retry_after)) if e.retryable() && attempt < self.retries => {
-                    let backoff = self.backoff.saturating_mul(1u32 << attempt.min(16)).min(Duration::from_secs(60));
-                    let wait = retry_after.map(|s| Duration::from_secs(s.min(300))).unwrap_or(backoff);
-                    tracing::warn!(attempt, ?wait, "model call failed, retrying: {e}");
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
-                Err((e, _)) => return Err(e),
-            }
-        }
-    }
-
-    /// One attempt; on failure, the error and the server's `Retry-After` seconds if any.
-    async fn chat_once(
-        &self,
-        http: &reqwest::Client,
-        messages: &[Message],
-    ) -> Result<ChatReply, (OpenAiError, Option<u64>)> {
         let body = ChatRequest {
             model: &self.model,
             messages,
@@ -242,26 +216,38 @@ impl OpenAiPolicy {
             max_tokens: self.max_tokens,
             stop: STOP,
         };
-        let mut req = http.post(self.endpoint()).json(&body);
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key);
-        }
-        let resp = req.send().await.map_err(|e| (self.transport(&e), None))?;
-        let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let bytes = resp.bytes().await.map_err(|e| (self.transport(&e), retry_after))?;
-        if !status.is_success() {
-            return Err((OpenAiError::Http { status: status.as_u16(), body: excerpt(&bytes) }, retry_after));
-        }
-        parse_reply(&bytes).map_err(|e| (e, None))
-    }
-
-    fn transport(&self, e: &reqwest::Error) -> OpenAiError {
-        if e.is_timeout() { OpenAiError::Timeout(self.timeout) } else { OpenAiError::Transport(e.to_string()) }
+        let max_wait = Duration::from_secs(300);
+        let policy = grove_http::Policy {
+            deadline: (self.timeout + max_wait).saturating_mul(self.retries + 1),
+            attempt_timeout: Some(self.timeout),
+            retries: self.retries,
+            backoff: self.backoff,
+            max_retry_after: max_wait,
+            max_body: MAX_REPLY_BYTES,
+            overflow: grove_http::Overflow::Fail,
+        };
+        let secrets: Vec<String> = self.api_key.iter().cloned().collect();
+        let endpoint = self.endpoint();
+        let reply = grove_http::send(&policy, &secrets, |attempt| {
+            let mut req = http.post(&endpoint).json(&body);
+            if let Some(key) = &self.api_key {
+                req = req.bearer_auth(key);
+            }
+            if attempt > 0 {
+                tracing::warn!(attempt, "model call failed, retrying");
+            }
+            async move { Ok((req, ())) }
+        })
+        .await
+        .and_then(grove_http::Reply::error_for_status)
+        .map_err(|e| match e {
+            grove_http::HttpError::Unreachable(m) => OpenAiError::Transport(m),
+            grove_http::HttpError::Timeout(_) => OpenAiError::Timeout(self.timeout),
+            grove_http::HttpError::Status { status, body } => OpenAiError::Http { status, body },
+            grove_http::HttpError::TooLarge { limit } => OpenAiError::TooLarge(limit),
+            grove_http::HttpError::Request(m) => OpenAiError::Build(m),
+        })?;
+        parse_reply(&reply.body)
     }
 }
 

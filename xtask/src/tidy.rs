@@ -19,8 +19,11 @@ use anyhow::{Result, bail};
 
 /// The programs whose subcommands the map must name: (program as written, file of its clap
 /// enums).
-const PROGRAMS: [(&str, &str); 3] =
-    [("trainer", "trainer/src/cli/mod.rs"), ("env-server", "env-server/src/main.rs"), ("cargo xtask", "xtask/src/main.rs")];
+const PROGRAMS: [(&str, &str); 3] = [
+    ("trainer", "trainer/src/cli/mod.rs"),
+    ("env-server", "env-server/src/main.rs"),
+    ("cargo xtask", "xtask/src/main.rs"),
+];
 
 /// Crate roots, named by their crate's entry rather than by file.
 const ROOTS: [&str; 3] = ["lib.rs", "main.rs", "build.rs"];

@@ -91,7 +91,7 @@ impl PageFetcher {
         if cfg.max_bytes == 0 {
             return Err(SearchError::Config("page max_bytes must be positive".into()));
         }
-        crate::install_tls_provider();
+        grove_http::install_tls_provider();
         let policy_cfg = cfg.clone();
         let policy = reqwest::redirect::Policy::custom(move |attempt| {
             match redirect_verdict(attempt.url(), attempt.previous().len(), &policy_cfg) {
@@ -247,22 +247,16 @@ enum Kind {
     Sniff,
 }
 
-/// Read at most `cap` bytes of the body; true when more was there.
+/// At most `cap` bytes of the body, through the shared capped read; true when more was there.
 async fn read_capped(
     resp: &mut reqwest::Response,
     cap: usize,
     timeout_ms: u64,
 ) -> Result<(Vec<u8>, bool), SearchError> {
-    let mut buf = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| map_reqwest(&e, timeout_ms))? {
-        let room = cap.saturating_sub(buf.len());
-        if chunk.len() > room {
-            buf.extend_from_slice(&chunk[..room]);
-            return Ok((buf, true));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok((buf, false))
+    grove_http::read_body(resp, cap, grove_http::Overflow::Truncate).await.map_err(|e| match e {
+        grove_http::BodyError::Transport(e) => map_reqwest(&e, timeout_ms),
+        grove_http::BodyError::TooLarge { limit } => SearchError::BadReply(format!("page larger than {limit} bytes")),
+    })
 }
 
 /// UTF-8, lossily; a character cut by the byte cap is dropped rather than replaced.

@@ -1,9 +1,11 @@
 //! A remote Search-R1 `/retrieve` server (the E5 / BM25 retrievers of Search-R1, FlashRAG, or
-//! another Grove env-server), over HTTP with a deadline and retries.
+//! another Grove env-server), called under Grove's outbound HTTP policy (`grove-http`: one
+//! deadline, retries honouring `Retry-After`, a capped reply read).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use grove_http::{HttpError, Overflow, Policy};
 use serde_json::Value;
 
 use super::{Hit, SearchBackend, SearchError, SearchFuture};
@@ -24,7 +26,10 @@ struct Inner {
 impl RemoteRetriever {
     /// `url` is the full endpoint, e.g. `http://127.0.0.1:8000/retrieve`.
     pub fn new(url: impl Into<String>, config: RemoteConfig) -> Result<Self, SearchError> {
-        crate::install_tls_provider();
+        if config.max_reply_bytes == 0 {
+            return Err(SearchError::Config("remote max_reply_bytes must be positive".into()));
+        }
+        grove_http::install_tls_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.deadline_ms.min(5_000)))
             .build()
@@ -32,34 +37,43 @@ impl RemoteRetriever {
         Ok(Self { inner: Arc::new(Inner { url: url.into(), http, config }) })
     }
 
+    /// The HTTP policy of one `/retrieve` call.
+    fn policy(config: &RemoteConfig) -> Policy {
+        Policy {
+            deadline: Duration::from_millis(config.deadline_ms),
+            attempt_timeout: None,
+            retries: config.retries,
+            backoff: Duration::from_millis(config.backoff_ms),
+            max_retry_after: Duration::from_millis(config.deadline_ms),
+            max_body: config.max_reply_bytes,
+            overflow: Overflow::Fail,
+        }
+    }
+
     async fn call(inner: &Inner, queries: &[String], topk: usize) -> Result<Vec<Vec<Hit>>, SearchError> {
         let body = serde_json::json!({ "queries": queries, "topk": topk, "return_scores": true });
-        let mut attempt = 0;
-        loop {
-            let outcome = match inner.http.post(&inner.url).json(&body).send().await {
-                Err(e) => Err((true, SearchError::Unreachable(e.to_string()))),
-                Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
-                    let status = resp.status().as_u16();
-                    Err((true, SearchError::Status { status, body: resp.text().await.unwrap_or_default() }))
-                }
-                Ok(resp) if !resp.status().is_success() => {
-                    let status = resp.status().as_u16();
-                    Err((false, SearchError::Status { status, body: resp.text().await.unwrap_or_default() }))
-                }
-                Ok(resp) => match resp.json::<Value>().await {
-                    Ok(reply) => parse_reply(&reply, queries.len()).map_err(|e| (false, e)),
-                    Err(e) => Err((false, SearchError::BadReply(e.to_string()))),
-                },
-            };
-            match outcome {
-                Ok(hits) => return Ok(hits),
-                Err((retryable, e)) if !retryable || attempt >= inner.config.retries => return Err(e),
-                Err(_) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(inner.config.backoff_ms << (attempt - 1).min(6))).await;
-                }
-            }
-        }
+        let policy = Self::policy(&inner.config);
+        let reply = grove_http::send(&policy, &[], |_| {
+            let request = inner.http.post(&inner.url).json(&body);
+            async move { Ok((request, ())) }
+        })
+        .await
+        .and_then(grove_http::Reply::error_for_status)
+        .map_err(|e| search_error(e, inner.config.deadline_ms))?;
+        let reply: Value =
+            serde_json::from_slice(&reply.body).map_err(|e| SearchError::BadReply(format!("not JSON ({e})")))?;
+        parse_reply(&reply, queries.len())
+    }
+}
+
+/// The policy's error as the search backends report it.
+pub(crate) fn search_error(e: HttpError, deadline_ms: u64) -> SearchError {
+    match e {
+        HttpError::Unreachable(m) => SearchError::Unreachable(m),
+        HttpError::Timeout(_) => SearchError::Timeout(deadline_ms),
+        HttpError::Status { status, body } => SearchError::Status { status, body },
+        HttpError::TooLarge { limit } => SearchError::BadReply(format!("reply larger than {limit} bytes")),
+        HttpError::Request(m) => SearchError::Internal(m),
     }
 }
 
@@ -106,11 +120,6 @@ impl SearchBackend for RemoteRetriever {
 
     fn search(&self, queries: Vec<String>, topk: usize) -> SearchFuture {
         let inner = self.inner.clone();
-        Box::pin(async move {
-            let deadline = Duration::from_millis(inner.config.deadline_ms);
-            tokio::time::timeout(deadline, Self::call(&inner, &queries, topk))
-                .await
-                .map_err(|_| SearchError::Timeout(inner.config.deadline_ms))?
-        })
+        Box::pin(async move { Self::call(&inner, &queries, topk).await })
     }
 }

@@ -1,9 +1,10 @@
 //! Live web search providers (Serper, SerpAPI, Brave, Tavily, SearxNG) behind [`SearchBackend`].
 //!
 //! Every query goes through the same path: a semaphore caps the requests in flight to the
-//! provider, a token bucket shared by the backend spaces them out, 429 / 5xx / connection errors
-//! are retried with exponential backoff (honouring `Retry-After`), and the whole query, waits and
-//! retries included, runs under one deadline. Replies are normalised to [`WebResult`]s ranked
+//! provider, a token bucket shared by the backend spaces them out, and Grove's outbound HTTP
+//! policy (`grove-http`) retries 429 / 5xx / connection errors with exponential backoff
+//! (honouring `Retry-After`), caps the reply, and runs the whole query, waits and retries
+//! included, under one deadline. Replies are normalised to [`WebResult`]s ranked
 //! 1..n in provider order. The API key never appears in an error message or a log line.
 
 use std::fmt;
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::header::HeaderValue;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -397,13 +398,6 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The outcome of one failed HTTP attempt.
-enum Failure {
-    /// 429, 5xx or a connection error, with the provider's `Retry-After` if any.
-    Retry(SearchError, Option<Duration>),
-    Final(SearchError),
-}
-
 /// A live web search provider.
 #[derive(Debug, Clone)]
 pub struct WebSearch {
@@ -453,7 +447,7 @@ impl WebSearch {
                 return Err(SearchError::Config(format!("{}: the API key has invalid characters", provider.name())));
             }
         }
-        crate::install_tls_provider();
+        grove_http::install_tls_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(cfg.deadline_ms.clamp(1, 5_000)))
             .user_agent(concat!("grove-env-server/", env!("CARGO_PKG_VERSION")))
@@ -475,12 +469,7 @@ impl WebSearch {
     /// `results` results.
     pub async fn search_one(&self, query: &str) -> Result<Vec<WebResult>, SearchError> {
         let inner = &*self.inner;
-        let ms = inner.cfg.deadline_ms;
-        let outcome = match tokio::time::timeout(Duration::from_millis(ms), inner.run(query)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(SearchError::Timeout(ms)),
-        };
-        match outcome {
+        match inner.run(query).await {
             Ok(mut results) => {
                 results.truncate(inner.cfg.results as usize);
                 Ok(results)
@@ -515,58 +504,38 @@ impl Inner {
         v
     }
 
-    /// The attempts of one query, with retries and backoff.
+    /// The attempts of one query under the HTTP policy (retries honouring `Retry-After`, the
+    /// deadline, a capped reply); each attempt holds a concurrency permit and takes a token.
     async fn run(&self, query: &str) -> Result<Vec<WebResult>, SearchError> {
-        let mut retry = 0u32;
-        loop {
-            let (err, retry_after) = match self.attempt(query).await {
-                Ok(results) => return Ok(results),
-                Err(Failure::Final(e)) => return Err(e),
-                Err(Failure::Retry(e, after)) => (e, after),
-            };
-            if retry >= self.cfg.retries {
-                return Err(err);
+        let policy = grove_http::Policy {
+            deadline: Duration::from_millis(self.cfg.deadline_ms),
+            attempt_timeout: None,
+            retries: self.cfg.retries,
+            backoff: Duration::from_millis(self.cfg.backoff_ms),
+            max_retry_after: Duration::from_millis(self.cfg.max_retry_after_ms),
+            max_body: MAX_REPLY_BYTES,
+            overflow: grove_http::Overflow::Fail,
+        };
+        let secrets: Vec<String> = self.key.iter().map(|k| k.0.clone()).collect();
+        let reply = grove_http::send(&policy, &secrets, |attempt| async move {
+            let permit =
+                self.gate.acquire().await.map_err(|_| grove_http::HttpError::Request("limiter closed".into()))?;
+            if attempt > 0 {
+                bump(&self.counters.retries);
+                tracing::debug!(provider = self.cfg.provider.name(), attempt, "retrying web search");
             }
-            retry += 1;
-            bump(&self.counters.retries);
-            let delay = match retry_after {
-                Some(after) => after.min(Duration::from_millis(self.cfg.max_retry_after_ms)),
-                None => Duration::from_millis(self.cfg.backoff_ms.saturating_mul(1u64 << (retry - 1).min(20))),
-            };
-            tracing::debug!(
-                provider = self.cfg.provider.name(),
-                retry,
-                delay_ms = delay.as_millis() as u64,
-                reason = %err.short(),
-                "retrying web search"
-            );
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// One HTTP attempt: a concurrency permit, a token, the request.
-    async fn attempt(&self, query: &str) -> Result<Vec<WebResult>, Failure> {
-        let _permit =
-            self.gate.acquire().await.map_err(|_| Failure::Final(SearchError::Internal("limiter closed".into())))?;
-        if self.bucket.take().await {
-            bump(&self.counters.throttled);
-        }
-        bump(&self.counters.calls);
-        let resp = self.request(query).send().await.map_err(|e| Failure::Retry(unreachable(e), None))?;
-        let status = resp.status();
-        let retry_after = retry_after(resp.headers());
-        let body = read_capped(resp).await?;
-        let code = status.as_u16();
-        if code == 429 || status.is_server_error() {
-            return Err(Failure::Retry(SearchError::Status { status: code, body: excerpt(&body) }, retry_after));
-        }
-        if !status.is_success() {
-            return Err(Failure::Final(SearchError::Status { status: code, body: excerpt(&body) }));
-        }
-        let reply: Value = serde_json::from_slice(&body).map_err(|e| {
-            Failure::Final(SearchError::BadReply(format!("{}: not JSON ({e})", self.cfg.provider.name())))
-        })?;
-        parse_response(self.cfg.provider, &reply).map_err(Failure::Final)
+            if self.bucket.take().await {
+                bump(&self.counters.throttled);
+            }
+            bump(&self.counters.calls);
+            Ok((self.request(query), permit))
+        })
+        .await
+        .and_then(grove_http::Reply::error_for_status)
+        .map_err(|e| super::remote::search_error(e, self.cfg.deadline_ms))?;
+        let body: Value = serde_json::from_slice(&reply.body)
+            .map_err(|e| SearchError::BadReply(format!("{}: not JSON ({e})", self.cfg.provider.name())))?;
+        parse_response(self.cfg.provider, &body)
     }
 
     /// The provider's request for `query`.
@@ -644,11 +613,8 @@ impl Inner {
     /// The error with every occurrence of the key (raw or URL-encoded) blanked out.
     fn redact(&self, e: SearchError) -> SearchError {
         let Some(Secret(key)) = &self.key else { return e };
-        if key.len() < 4 {
-            return e;
-        }
-        let encoded: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
-        let scrub = |s: String| s.replace(key.as_str(), "<redacted>").replace(encoded.as_str(), "<redacted>");
+        let secrets = [key.clone()];
+        let scrub = |m: String| grove_http::redact(&m, &secrets);
         match e {
             SearchError::Unreachable(m) => SearchError::Unreachable(scrub(m)),
             SearchError::Status { status, body } => SearchError::Status { status, body: scrub(body) },
@@ -659,47 +625,8 @@ impl Inner {
     }
 }
 
-/// A transport error without its URL (SerpAPI carries the key in the query string), with the
-/// chain of causes.
-fn unreachable(e: reqwest::Error) -> SearchError {
-    let e = e.without_url();
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    SearchError::Unreachable(msg)
-}
-
-/// `Retry-After` in delta-seconds; an HTTP date gives `None` (the default backoff applies).
 /// Replies larger than this are refused: a search reply is a few kilobytes.
 const MAX_REPLY_BYTES: usize = 8 << 20;
-
-/// The body of a reply, read chunk by chunk up to [`MAX_REPLY_BYTES`].
-async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, Failure> {
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| Failure::Retry(unreachable(e), None))? {
-        if body.len() + chunk.len() > MAX_REPLY_BYTES {
-            let why = format!("reply larger than {MAX_REPLY_BYTES} bytes");
-            return Err(Failure::Final(SearchError::BadReply(why)));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    let secs: f64 = value.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
-}
-
-/// The first 300 characters of an error body.
-fn excerpt(body: &[u8]) -> String {
-    String::from_utf8_lossy(body).trim().chars().take(300).collect()
-}
 
 impl SearchBackend for WebSearch {
     fn name(&self) -> &str {
