@@ -89,16 +89,12 @@ pub fn tiny_config_json(vocab: usize) -> String {
     )
 }
 
-/// Initialisation reads libtorch's global RNG: tests running in parallel take turns.
-static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A freshly initialised tiny Qwen2 policy, the same weights every time.
 pub fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, grove_trainer::model::CausalLm) {
-    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let config = grove_trainer::model::ModelConfig::from_json(&tiny_config_json(vocab)).unwrap();
     let lm = grove_trainer::model::CausalLm::new(&vs.root(), config);
+    grove_trainer::model::init_normal(&vs, 0, 0.02);
     (vs, lm)
 }
 

@@ -607,9 +607,9 @@ pub fn train_memory(batch: usize, len: usize) -> Option<Vec<BenchRow>> {
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true}"#;
     let config = ModelConfig::from_json(config).ok()?;
-    tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let model = CausalLm::new(&vs.root(), config);
+    crate::model::init_normal(&vs, 0, 0.02);
     let vocab = model.config.vocab_size;
     let (rows, advantages) = random_rows(vocab, batch, len);
     let mut opt = crate::optim::AdamW::new(&vs, Default::default());

@@ -10,7 +10,7 @@ use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
-use crate::model::{CausalLm, ModelConfig, WeightsError, save_model};
+use crate::model::{CausalLm, ModelConfig, WeightsError, init_normal, save_model};
 
 /// Special tokens of the ChatML format, in id order (0, 1, 2).
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -130,17 +130,10 @@ pub fn init_model(out_dir: &Path, vocab: usize, shape: SmallModel, seed: i64) ->
         "torch_dtype": "float32",
     })
     .to_string();
-    tch::manual_seed(seed);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let _model = CausalLm::new(&vs.root(), ModelConfig::from_json(&config)?);
     // HF-style initialisation: normal(0, 0.02) for matrices, ones for norms.
-    tch::no_grad(|| {
-        for (name, mut t) in vs.variables() {
-            if !name.ends_with("norm.weight") {
-                let _ = t.normal_(0.0, 0.02);
-            }
-        }
-    });
+    init_normal(&vs, seed as u64, 0.02);
     let params = vs.variables().values().map(|t| t.numel() as i64).sum();
     // The tokenizer files written by `train_bpe` are already in `out_dir`.
     save_model(&vs, &config, out_dir, tch::Kind::Float, &[])?;

@@ -7,13 +7,22 @@
 //! ids); logits come back as `[batch, new, vocab]` in f32.
 
 mod config;
+mod init;
 mod weights;
 
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 pub use config::{ConfigError, Family, Llama3Scaling, ModelConfig};
+pub use init::init_normal;
 pub use weights::{WeightsError, load_model, save_model};
+
+/// A linear layer whose parameters start at zero: building a model draws nothing from
+/// libtorch's global RNG (loading overwrites every parameter; [`init_normal`] gives a fresh one).
+fn linear(vs: nn::Path<'_>, inputs: i64, outputs: i64, bias: bool) -> nn::Linear {
+    let zero = nn::Init::Const(0.0);
+    nn::linear(vs, inputs, outputs, nn::LinearConfig { ws_init: zero, bs_init: Some(zero), bias })
+}
 
 #[derive(Debug)]
 struct RmsNorm {
@@ -44,11 +53,10 @@ struct Mlp {
 
 impl Mlp {
     fn new(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Self {
-        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
         Self {
-            gate: nn::linear(vs / "gate_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
-            up: nn::linear(vs / "up_proj", cfg.hidden_size, cfg.intermediate_size, no_bias),
-            down: nn::linear(vs / "down_proj", cfg.intermediate_size, cfg.hidden_size, no_bias),
+            gate: linear(vs / "gate_proj", cfg.hidden_size, cfg.intermediate_size, false),
+            up: linear(vs / "up_proj", cfg.hidden_size, cfg.intermediate_size, false),
+            down: linear(vs / "down_proj", cfg.intermediate_size, cfg.hidden_size, false),
         }
     }
 
@@ -247,14 +255,13 @@ struct Attention {
 
 impl Attention {
     fn new(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Self {
-        let qkv = nn::LinearConfig { bias: cfg.attention_bias, ..Default::default() };
-        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
+        let qkv = cfg.attention_bias;
         let (h, kvh, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         Self {
-            q: nn::linear(vs / "q_proj", cfg.hidden_size, h * d, qkv),
-            k: nn::linear(vs / "k_proj", cfg.hidden_size, kvh * d, qkv),
-            v: nn::linear(vs / "v_proj", cfg.hidden_size, kvh * d, qkv),
-            o: nn::linear(vs / "o_proj", h * d, cfg.hidden_size, no_bias),
+            q: linear(vs / "q_proj", cfg.hidden_size, h * d, qkv),
+            k: linear(vs / "k_proj", cfg.hidden_size, kvh * d, qkv),
+            v: linear(vs / "v_proj", cfg.hidden_size, kvh * d, qkv),
+            o: linear(vs / "o_proj", h * d, cfg.hidden_size, false),
             heads: h,
             kv_heads: kvh,
             head_dim: d,
@@ -368,9 +375,13 @@ pub struct CausalLm {
 
 impl CausalLm {
     /// Build the module tree under `vs` with HF parameter names (`model.layers.0.self_attn...`).
+    /// Matrices and biases start at zero and norms at one; nothing is drawn from libtorch's
+    /// global RNG, so building is deterministic and safe beside other threads. Load weights
+    /// ([`load_model`]) or call [`init_normal`] before use.
     pub fn new(vs: &nn::Path<'_>, config: ModelConfig) -> Self {
         let m = vs / "model";
-        let embed = nn::embedding(&m / "embed_tokens", config.vocab_size, config.hidden_size, Default::default());
+        let embed_init = nn::EmbeddingConfig { ws_init: nn::Init::Const(0.0), ..Default::default() };
+        let embed = nn::embedding(&m / "embed_tokens", config.vocab_size, config.hidden_size, embed_init);
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 let l = &m / "layers" / i;
@@ -387,14 +398,8 @@ impl CausalLm {
             })
             .collect();
         let norm = RmsNorm::new(&(&m / "norm"), config.hidden_size, config.rms_norm_eps);
-        let lm_head = (!config.tie_word_embeddings).then(|| {
-            nn::linear(
-                vs / "lm_head",
-                config.hidden_size,
-                config.vocab_size,
-                nn::LinearConfig { bias: false, ..Default::default() },
-            )
-        });
+        let lm_head =
+            (!config.tie_word_embeddings).then(|| linear(vs / "lm_head", config.hidden_size, config.vocab_size, false));
         let inv: Vec<f32> = config.inv_freq().into_iter().map(|f| f as f32).collect();
         let inv_freq = Tensor::from_slice(&inv).to_device(vs.device());
         Self { config, embed, layers, norm, lm_head, inv_freq, device: vs.device() }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_trainer::model::{CausalLm, ModelConfig, save_model};
+use grove_trainer::model::{CausalLm, ModelConfig, init_normal, save_model};
 
 pub fn tiny_model_folder(dir: &Path) {
     let tok_dir = assets::qwen25_tokenizer_dir();
@@ -17,6 +17,7 @@ pub fn tiny_model_folder(dir: &Path) {
         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true}"#;
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let _lm = CausalLm::new(&vs.root(), ModelConfig::from_json(cfg).unwrap());
+    init_normal(&vs, 0, 0.02);
     let files = [tok_dir.join("tokenizer.json"), tok_dir.join("tokenizer_config.json")];
     save_model(&vs, cfg, dir, tch::Kind::Float, &files).unwrap();
 }
