@@ -57,6 +57,39 @@ pub struct ExperimentArgs {
     /// use to choose a start, since it never reads held-out data.
     #[arg(long)]
     pub check_starts: bool,
+    /// Run only the arms of these budgets (repeatable; default both).
+    #[arg(long = "budget", value_enum)]
+    pub budgets: Vec<BudgetKind>,
+    /// Train every arm at this learning rate and run no sweep: for a follow-up that reuses the
+    /// rate an earlier sweep chose (say which in its protocol).
+    #[arg(long, conflicts_with = "lrs")]
+    pub lr: Option<f64>,
+    /// Evaluate on the held-out set every this many steps (default: half the steps).
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+}
+
+/// The two budgets of the experiment: chains of 2 against trees of (1, 2, 1), chains of 4
+/// against trees of (2, 2, 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BudgetKind {
+    #[value(name = "2")]
+    Two,
+    #[value(name = "4")]
+    Four,
+}
+
+impl BudgetKind {
+    fn arms(self) -> &'static str {
+        match self {
+            BudgetKind::Two => {
+                "[[arms]]\nmethod = { kind = \"chain\", n = 2 }\n\n[[arms]]\nmethod = { kind = \"tree\", m = 1, n = 2, l = 1, k = 3 }\n"
+            }
+            BudgetKind::Four => {
+                "[[arms]]\nmethod = { kind = \"chain\", n = 4 }\n\n[[arms]]\nmethod = { kind = \"tree\", m = 2, n = 2, l = 1, k = 3 }\n"
+            }
+        }
+    }
 }
 
 /// The two warm starts of the experiment.
@@ -160,32 +193,19 @@ topk = 1
 eval_every = {eval_every}
 eval_sampled = false
 save_every = 0
-
-[lr_sweep]
-lrs = [{lrs}]
-seeds = [1000]
-judge_last = 0.5
-
-{regimes}
-[[arms]]
-method = {{ kind = "chain", n = 2 }}
-
-[[arms]]
-method = {{ kind = "tree", m = 1, n = 2, l = 1, k = 3 }}
-
-[[arms]]
-method = {{ kind = "chain", n = 4 }}
-
-[[arms]]
-method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
-"#,
+{lr}
+{regimes}{arms}"#,
         seeds = plan.seeds,
         world = world_keys(env),
         steps = plan.steps,
         prompts = plan.prompts,
-        eval_every = (plan.steps / 2).max(1),
-        lrs = plan.lrs,
+        eval_every = args.eval_every.unwrap_or(plan.steps / 2).max(1),
+        lr = match args.lr {
+            Some(lr) => format!("lr = {lr:e}\n"),
+            None => format!("\n[lr_sweep]\nlrs = [{}]\nseeds = [1000]\njudge_last = 0.5\n", plan.lrs),
+        },
         regimes = regimes_toml(args),
+        arms = budgets(args).iter().map(|b| b.arms()).collect::<Vec<_>>().join("\n"),
         first = selected(args)[0].model(),
     )
 }
@@ -195,6 +215,14 @@ fn selected(args: &ExperimentArgs) -> Vec<RegimeKind> {
     [RegimeKind::Strong, RegimeKind::Weak]
         .into_iter()
         .filter(|r| args.regimes.is_empty() || args.regimes.contains(r))
+        .collect()
+}
+
+/// The budgets `args` selects (both when none is named), in a fixed order.
+fn budgets(args: &ExperimentArgs) -> Vec<BudgetKind> {
+    [BudgetKind::Two, BudgetKind::Four]
+        .into_iter()
+        .filter(|b| args.budgets.is_empty() || args.budgets.contains(b))
         .collect()
 }
 
@@ -267,8 +295,10 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
     }
     std::fs::write(ctx.out.join("experiment.toml"), config(&server.url, &plan, args))?;
     let names: Vec<&str> = selected(args).iter().map(|r| r.name()).collect();
+    let budgets: Vec<&str> = budgets(args).iter().map(|b| if *b == BudgetKind::Two { "2" } else { "4" }).collect();
     util::banner(&format!(
-        "experiment: chain GRPO against Tree-GRPO at budgets 2 and 4, {} start",
+        "experiment: chain GRPO against Tree-GRPO at budget {}, {} start",
+        budgets.join(" and "),
         names.join(" and ")
     ));
     ctx.trainer(&["experiment", "--config", "experiment.toml"])
