@@ -17,6 +17,7 @@ pub mod client;
 mod codec;
 mod error;
 pub mod examples;
+mod ids;
 mod messages;
 
 pub use codec::{DecodeError, EncodeError, decode, decode_request, decode_response, encode, peek_id};

@@ -3,11 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorInfo;
-
-/// Chosen by the client; echoed on the reply. Unique per connection while in flight.
-pub type RequestId = u64;
-/// Server-wide episode id. Never reused while the server runs.
-pub type EpisodeId = u64;
+pub use crate::ids::{EpisodeId, RequestId};
 
 /// One frame: a request or a reply with its id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

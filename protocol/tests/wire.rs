@@ -47,8 +47,11 @@ fn every_response_variant_round_trips() {
 #[test]
 fn every_error_code_round_trips_with_a_unique_number() {
     let mut numbers = BTreeSet::new();
-    for code in ErrorCode::ALL {
+    let mut last = 0;
+    for &code in ErrorCode::ALL {
         assert!(numbers.insert(code.number()), "duplicate number for {code}");
+        assert!(code.number() > last, "ALL is in numbering order: {code} after {last}");
+        last = code.number();
         let env = Envelope::new(1, Response::Error(ErrorInfo::new(code, "x")));
         let back = decode_response(&encode(&env).unwrap()).unwrap();
         assert_eq!(back, env);
