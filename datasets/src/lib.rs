@@ -5,6 +5,7 @@
 //!
 //! Architecture invariant: no network I/O and no tensor work happen here. Files in, values out.
 
+pub mod actions;
 pub mod assets;
 mod error;
 pub mod import;
@@ -15,4 +16,4 @@ mod types;
 
 pub use error::{DatasetError, Result, RowError};
 pub use loaders::{Loaded, OnBadRow};
-pub use types::{Metric, Passage, QaExample, metric_for_source};
+pub use types::{Metric, Passage, QaExample, metric_for_source, render_prompt, task_metric};

@@ -1,14 +1,10 @@
 //! The Search-R1 tag grammar (`parse_text_with`) and structured tool calls (`parse_tool`) of
-//! env-server/src/sim/actions.rs, included by path so the heavy env-server crate is not built.
+//! `grove_datasets::actions`, the pure module the env-server resolves actions with.
 //!
 //! Input: one flag byte, then the text (arbitrary bytes, read lossily as UTF-8).
 #![no_main]
 
-#[allow(dead_code)]
-#[path = "../../env-server/src/sim/actions.rs"]
-mod actions;
-
-use actions::{Parsed, parse_text_with, parse_tool};
+use grove_datasets::actions::{Parsed, parse_text_with, parse_tool};
 use grove_protocol::{ActionKind, ToolCall};
 use libfuzzer_sys::fuzz_target;
 

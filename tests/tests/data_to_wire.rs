@@ -4,21 +4,12 @@
 
 use grove_datasets::loaders::{load_qa_jsonl, load_searchr1_parquet};
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_datasets::{Metric, OnBadRow, QaExample};
+use grove_datasets::{OnBadRow, QaExample};
 use grove_protocol::{CreateEpisodes, Envelope, EpisodeOptions, Request, TaskSpec, decode_request, encode};
 use grove_tests::fixture;
 
 fn task(e: &QaExample) -> TaskSpec {
-    TaskSpec {
-        question: e.question.clone(),
-        golden_answers: e.golden_answers.clone(),
-        data_source: e.data_source.clone(),
-        task_id: Some(e.id.clone()),
-        metric: Some(match e.metric() {
-            Metric::Em => grove_protocol::Metric::Em,
-            Metric::F1 => grove_protocol::Metric::F1,
-        }),
-    }
+    e.task_spec()
 }
 
 fn create(tasks: Vec<TaskSpec>) -> Envelope<Request> {

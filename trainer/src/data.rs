@@ -33,19 +33,7 @@ pub fn load_tasks_where(
     Ok(examples
         .into_iter()
         .filter(|e| flag.is_none_or(|f| e.metadata.get(f).and_then(serde_json::Value::as_bool) == Some(true)))
-        .map(|e| {
-            let metric = match e.metric() {
-                grove_datasets::Metric::Em => grove_protocol::Metric::Em,
-                grove_datasets::Metric::F1 => grove_protocol::Metric::F1,
-            };
-            grove_protocol::TaskSpec {
-                question: e.question,
-                golden_answers: e.golden_answers,
-                data_source: e.data_source,
-                task_id: Some(e.id),
-                metric: Some(metric),
-            }
-        })
+        .map(|e| e.task_spec())
         .collect())
 }
 

@@ -41,7 +41,7 @@ pub fn tokenizer_corpus(
     if let Some(q) = questions {
         let examples = grove_datasets::loaders::load_qa_jsonl(q, "qa", None, OnBadRow::Fail)?.items;
         texts.extend(examples.into_iter().map(|e| match template {
-            Some(t) => t.replace("{question}", &e.question),
+            Some(t) => grove_datasets::render_prompt(t, &e.question),
             None => e.question,
         }));
     }

@@ -3,7 +3,6 @@
 //! search results through [`Sim::deliver_search`], and each [`Sim::tick`] returns the replies and
 //! the search batches for the caller to deliver.
 
-mod actions;
 mod components;
 mod systems;
 mod transcript;
@@ -13,9 +12,10 @@ use std::time::Instant;
 use bevy_ecs::prelude::*;
 use grove_protocol::{RequestId, ServerStats};
 
-pub use actions::{Parsed, parse_text, parse_tool};
 pub use components::{BatchId, ConnId, Reply, SearchBatch, SearchResult, Tool};
-pub use systems::{INVALID_ACTION_FEEDBACK, information, render_prompt, tool_failure};
+pub use grove_datasets::actions::{Parsed, parse_text, parse_tool};
+pub use grove_datasets::render_prompt;
+pub use systems::{INVALID_ACTION_FEEDBACK, information, tool_failure};
 pub use transcript::{StepRecord, Transcript};
 
 use crate::config::{EpisodeDefaults, LimitsConfig};

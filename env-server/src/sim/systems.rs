@@ -13,11 +13,11 @@ use bevy_ecs::prelude::*;
 use grove_datasets::metrics::{Scored, compute_reward};
 use grove_protocol::*;
 
-use super::actions::{parse_text_with, parse_tool};
 use super::components::*;
 use super::transcript::{StepRecord, Transcript};
 use crate::config::ToolErrors;
 use crate::search::{RenderFormat, SearchError, render};
+use grove_datasets::actions::{parse_text_with, parse_tool};
 
 /// The fixed message for an action that parses to nothing (Search-R1's corrective feedback).
 pub const INVALID_ACTION_FEEDBACK: &str = "\nMy previous action is invalid. If I want to search, I should put the \
@@ -30,13 +30,6 @@ pub fn information(docs: &str) -> String {
 }
 
 /// Question preprocessing of the reference: strip, and end with a question mark.
-pub fn render_prompt(template: &str, question: &str) -> String {
-    let mut q = question.trim().to_string();
-    if !q.ends_with('?') {
-        q.push('?');
-    }
-    template.replace("{question}", &q)
-}
 
 fn reply(conn: ConnId, id: RequestId, msg: Response) -> Reply {
     Reply { conn, envelope: Envelope::new(id, msg), latency: None }
@@ -177,12 +170,8 @@ fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
             continue;
         }
         let id = new_episode_id(world, conn);
-        let prompt = render_prompt(&template, &task.question);
-        let metric = match task.metric {
-            Some(Metric::Em) => grove_datasets::Metric::Em,
-            Some(Metric::F1) => grove_datasets::Metric::F1,
-            None => grove_datasets::metric_for_source(&task.data_source),
-        };
+        let prompt = grove_datasets::render_prompt(&template, &task.question);
+        let metric = grove_datasets::task_metric(&task);
         let info = Arc::new(TaskInfo { spec: task, prompt: prompt.clone(), metric });
         let entity = world
             .spawn((
@@ -674,10 +663,7 @@ pub fn score_finished(
             compute_reward(Scored::Response(&response), &task.0.spec.golden_answers, task.0.metric, settings.reward);
         let reward = Reward {
             score: r.score,
-            metric: match task.0.metric {
-                grove_datasets::Metric::Em => Metric::Em,
-                grove_datasets::Metric::F1 => Metric::F1,
-            },
+            metric: task.0.metric,
             metric_value: r.metric_value,
             answer: r.answer,
             format_valid: r.format_valid,

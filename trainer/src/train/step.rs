@@ -250,11 +250,7 @@ pub fn reward_mismatches(
     rollout: &PromptRollout,
 ) -> Result<u64, RolloutError> {
     use grove_datasets::metrics::{RewardConfig, Scored, compute_reward};
-    let metric = match task.metric {
-        Some(grove_protocol::Metric::F1) => grove_datasets::Metric::F1,
-        Some(grove_protocol::Metric::Em) => grove_datasets::Metric::Em,
-        None => grove_datasets::metric_for_source(&task.data_source),
-    };
+    let metric = grove_datasets::task_metric(task);
     let mut mismatches = 0;
     for tree in &rollout.trees {
         for leaf in tree.leaves() {
