@@ -1,17 +1,80 @@
-//! Building the tools a configuration names: the web provider and the page tool behind the
-//! persistent cache, and the cache for the remote retriever. The local BM25 backend is opened by
-//! the command line (it shows indexing progress).
+//! The search backends a server offers ([`Backends`]: the registry `run` takes, by name, with the
+//! optional page tool), and building them from a configuration: the local BM25 index (built
+//! first if needed, the caller told of the progress), the web provider and the page tool behind
+//! the persistent cache, and the remote retriever (behind the cache when asked). The dense and
+//! hybrid backends are opened by the command line (`dense` feature).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::Backends;
 use crate::cache::{CacheConfig, CacheError, CacheStoreKind, WebCache};
 use crate::config::{BackendKind, ServerConfig};
 use crate::search::cached::{CachedPages, CachedSearch};
 use crate::search::page::PageFetcher;
 use crate::search::web::{WebSearch, request_params};
-use crate::search::{RemoteRetriever, SearchBackend, SearchError};
+use crate::search::{
+    BuildProgress, IndexError, LocalIndex, PageTool, RemoteRetriever, RenderFormat, SearchBackend, SearchError,
+};
+
+/// The search backends a server offers, by name; the first is the default. `pages`, when set,
+/// makes `open` a tool.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    list: Vec<(String, Arc<dyn SearchBackend>)>,
+    pub pages: Option<Arc<dyn PageTool>>,
+}
+
+impl Backends {
+    pub fn new(name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
+        Self { list: vec![(name.into(), backend)], pages: None }
+    }
+
+    /// Offer the open-page tool.
+    pub fn with_pages(mut self, pages: Arc<dyn PageTool>) -> Self {
+        self.pages = Some(pages);
+        self
+    }
+
+    /// Calls, errors and cache figures of every backend and of the page tool, by provider.
+    pub fn usage(&self) -> std::collections::BTreeMap<String, grove_protocol::ProviderUsage> {
+        let mut all = std::collections::BTreeMap::new();
+        let pages = self.pages.iter().flat_map(|p| p.usage());
+        for (name, u) in self.list.iter().flat_map(|(_, b)| b.usage()).chain(pages) {
+            let e: &mut grove_protocol::ProviderUsage = all.entry(name).or_default();
+            e.calls += u.calls;
+            e.errors += u.errors;
+            e.retries += u.retries;
+            e.throttled += u.throttled;
+            e.cache_hits += u.cache_hits;
+            e.cache_misses += u.cache_misses;
+        }
+        all
+    }
+
+    /// Add another named backend.
+    pub fn with(mut self, name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
+        self.list.push((name.into(), backend));
+        self
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.list.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    pub fn default_backend(&self) -> &Arc<dyn SearchBackend> {
+        &self.list[0].1
+    }
+
+    /// The backend at position `i` of [`names`](Self::names).
+    pub(crate) fn get(&self, i: usize) -> Option<&Arc<dyn SearchBackend>> {
+        self.list.get(i).map(|(_, b)| b)
+    }
+
+    /// How each backend renders its results by default, in the order of [`names`](Self::names).
+    pub(crate) fn renders(&self) -> Vec<RenderFormat> {
+        self.list.iter().map(|(_, b)| b.render()).collect()
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -21,6 +84,16 @@ pub enum SetupError {
     Backend(#[from] SearchError),
     #[error("{0}")]
     Config(String),
+    /// The BM25 index of `corpus` could not be opened or built.
+    #[error("index for {}", corpus.display())]
+    Index {
+        corpus: PathBuf,
+        #[source]
+        source: IndexError,
+    },
+    /// A task on the blocking pool failed (panicked or was cancelled).
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Where the SQLite cache lives when the configuration does not say: `web-cache.sqlite3` in
@@ -41,6 +114,27 @@ pub async fn open_cache(config: &CacheConfig) -> Result<Option<WebCache>, SetupE
         tracing::info!(cache = %c.describe(), mode = ?config.mode, "web cache ready");
     }
     Ok(cache)
+}
+
+/// The backend of `backend = "local"`: BM25 over `corpus`, its index opened from `index` (default
+/// `<corpus>.index/`) or built there first on the blocking pool, `progress` told as it goes; with
+/// the page tool when `pages.enabled` is.
+pub async fn local_backends(
+    config: &ServerConfig,
+    mut progress: impl FnMut(BuildProgress) + Send + 'static,
+) -> Result<Backends, SetupError> {
+    let Some(corpus) = config.corpus.clone() else {
+        return Err(SetupError::Config("the local backend needs --corpus (or `corpus` in the config)".into()));
+    };
+    let index_dir = config.index.clone();
+    let index = tokio::task::spawn_blocking(move || {
+        LocalIndex::open_or_build(&corpus, index_dir.as_deref(), &mut progress)
+            .map_err(|source| SetupError::Index { corpus, source })
+    })
+    .await??;
+    tracing::info!(docs = index.num_docs(), "BM25 index ready");
+    let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
+    with_pages(Backends::new("local", Arc::new(index)), config, cache)
 }
 
 /// The backends of `backend = "web"`: the provider behind the cache, and the page tool (always

@@ -9,9 +9,10 @@ use grove_protocol::Limits;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cache::{CacheConfig, CacheMode, CacheStoreKind};
-pub use crate::search::RenderFormat;
+pub use crate::search::dense::{DenseConfig, DenseDevice, DensePooling, DenseSearch};
 pub use crate::search::page::PageConfig;
 pub use crate::search::web::{Provider, WebConfig};
+pub use crate::search::{RemoteConfig, RenderFormat};
 
 /// Everything `run` needs. Deserialised from TOML; every key has a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,95 +94,6 @@ pub enum BackendKind {
     Dense,
     /// BM25 over `corpus` and the dense backend, fused by reciprocal rank.
     Hybrid,
-}
-
-/// The dense and hybrid backends.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DenseConfig {
-    /// A FAISS `IndexFlatIP` / `IndexFlatL2` file (e.g. Search-R1's `e5_Flat.index`), or an
-    /// `IndexIDMap` over one whose ids are corpus rows.
-    pub index: Option<PathBuf>,
-    /// The encoder: a Hugging Face folder with `config.json`, `model.safetensors` and
-    /// `tokenizer.json` (and the sentence-transformers files when it has them).
-    pub model: Option<PathBuf>,
-    /// Pooling when the folder has no sentence-transformers pooling module.
-    pub pooling: Option<DensePooling>,
-    /// L2-normalise query vectors (default: as the folder says; true without `modules.json`).
-    pub normalize: Option<bool>,
-    /// Put before every query; `"query: "` for e5 (default: the folder's `query` prompt).
-    pub query_prefix: Option<String>,
-    /// Put before every passage when building an index; `"passage: "` for e5.
-    pub passage_prefix: Option<String>,
-    /// Tokens per text (default: the folder's `max_seq_length`).
-    pub max_seq_length: Option<usize>,
-    /// Texts per encoder forward pass.
-    pub batch_size: usize,
-    pub device: DenseDevice,
-    /// `exact` (every vector scored: faiss's `IndexFlat`) or `hnsw` (an approximate graph over
-    /// the same vectors, for CPU-only serving of large indexes).
-    pub search: DenseSearch,
-    /// The HNSW graph file (default `<index>.usearch`); built and saved at start-up if missing.
-    pub hnsw_index: Option<PathBuf>,
-    /// HNSW edges per node (M).
-    pub hnsw_connectivity: usize,
-    /// HNSW candidates while inserting (efConstruction).
-    pub hnsw_expansion_add: usize,
-    /// HNSW candidates while searching (efSearch): larger is slower and closer to exact.
-    pub hnsw_expansion_search: usize,
-    /// Threads for the exact search and the HNSW build (0 = every core).
-    pub search_threads: usize,
-    /// Hybrid: results taken from each retriever before fusion (at least the request's top-k).
-    pub hybrid_depth: usize,
-    /// Hybrid: the constant k of reciprocal-rank fusion, 1 / (k + rank).
-    pub rrf_k: f64,
-}
-
-impl Default for DenseConfig {
-    fn default() -> Self {
-        Self {
-            index: None,
-            model: None,
-            pooling: None,
-            normalize: None,
-            query_prefix: None,
-            passage_prefix: None,
-            max_seq_length: None,
-            batch_size: 64,
-            device: DenseDevice::Auto,
-            search: DenseSearch::Exact,
-            hnsw_index: None,
-            hnsw_connectivity: 16,
-            hnsw_expansion_add: 128,
-            hnsw_expansion_search: 64,
-            search_threads: 0,
-            hybrid_depth: 50,
-            rrf_k: 60.0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum DenseSearch {
-    Exact,
-    Hnsw,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum DensePooling {
-    Mean,
-    Cls,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum DenseDevice {
-    /// CUDA when libtorch has it and a GPU is present, else CPU.
-    Auto,
-    Cpu,
-    Cuda,
 }
 
 /// Limits, all enforced with typed errors.
@@ -349,25 +261,3 @@ every time you receive new information. If you find you lack some knowledge, you
 writing <search> query </search>, and it will return the top results between <information> and </information>. \
 You can search as many times as you want. If no further external knowledge is needed, give the answer inside \
 <answer> and </answer>, without detailed illustrations, for example <answer> Beijing </answer>. Question: {question}\n";
-
-/// The remote Search-R1 backend's HTTP behaviour.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RemoteConfig {
-    /// Deadline for one `/retrieve` call, retries included.
-    pub deadline_ms: u64,
-    /// Attempts after the first on connection errors, 429 and 5xx replies.
-    pub retries: u32,
-    pub backoff_ms: u64,
-    /// A reply longer than this is refused (`bad_reply`) without being buffered whole: a
-    /// `/retrieve` reply for a tick's queries is a few megabytes at most.
-    pub max_reply_bytes: usize,
-    /// Put the persistent cache (`[cache]`) in front of the retriever too.
-    pub cache: bool,
-}
-
-impl Default for RemoteConfig {
-    fn default() -> Self {
-        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100, max_reply_bytes: 32 << 20, cache: false }
-    }
-}

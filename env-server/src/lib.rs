@@ -5,7 +5,8 @@
 //! Layout: [`sim`] is the ECS core (no I/O); [`search`] holds the backends behind one trait;
 //! [`net`] is the tokio layer (WebSocket, HTTP, the thread that drives the sim); [`config`] the
 //! TOML/CLI configuration; [`metrics`] the Prometheus counters; [`cache`] the persistent cache in
-//! front of web providers and page fetches; [`testkit`] a scripted loopback HTTP server for tests.
+//! front of web providers and page fetches; [`backends`] the registry of a server's backends and
+//! their construction from a configuration; [`testkit`] a scripted loopback HTTP server for tests.
 //!
 //! Architecture invariants: this crate never links libtorch; the ECS core does no I/O (sockets
 //! and HTTP live in the net layer, search backends sit behind a trait and are called outside the
@@ -20,4 +21,5 @@ pub mod search;
 pub mod sim;
 pub mod testkit;
 
-pub use net::{Backends, run};
+pub use backends::Backends;
+pub use net::run;

@@ -54,13 +54,12 @@ mod alloc_counter {
 }
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use grove_env_server::backends::{open_cache, remote_backends, web_backends, with_pages};
+use grove_env_server::backends::{local_backends, open_cache, remote_backends, web_backends};
 use grove_env_server::config::{BackendKind, CacheMode, CacheStoreKind, Provider, ServerConfig};
-use grove_env_server::search::LocalIndex;
+use grove_env_server::search::{BuildProgress, LocalIndex};
 use grove_env_server::{Backends, run};
 
 #[derive(Parser)]
@@ -336,19 +335,28 @@ async fn cache_command(cmd: CacheCommand) -> Result<()> {
     Ok(())
 }
 
-/// Open (building if needed) the BM25 index of a corpus, with a progress bar.
-pub(crate) fn open_local_index(corpus: &std::path::Path, index: Option<&std::path::Path>) -> Result<LocalIndex> {
+/// The progress bar of a BM25 index build.
+fn index_bar() -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("indexing {bar:40} {bytes}/{total_bytes} {msg} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let index = LocalIndex::open_or_build(corpus, index, &mut |p| {
-        bar.set_length(p.bytes_total);
-        bar.set_position(p.bytes_read);
-        bar.set_message(format!("{} passages", p.passages));
-    })
-    .with_context(|| format!("index for {}", corpus.display()))?;
+    bar
+}
+
+/// Show one progress report of a BM25 index build on `bar`.
+fn show_index_progress(bar: &indicatif::ProgressBar, p: BuildProgress) {
+    bar.set_length(p.bytes_total);
+    bar.set_position(p.bytes_read);
+    bar.set_message(format!("{} passages", p.passages));
+}
+
+/// Open (building if needed) the BM25 index of a corpus, with a progress bar.
+pub(crate) fn open_local_index(corpus: &std::path::Path, index: Option<&std::path::Path>) -> Result<LocalIndex> {
+    let bar = index_bar();
+    let index = LocalIndex::open_or_build(corpus, index, &mut |p| show_index_progress(&bar, p))
+        .with_context(|| format!("index for {}", corpus.display()))?;
     bar.finish_and_clear();
     Ok(index)
 }
@@ -365,6 +373,9 @@ async fn dense_backends(_config: &ServerConfig) -> Result<Backends> {
 /// The dense backend, or the hybrid one (BM25 over the same corpus plus dense).
 #[cfg(feature = "dense")]
 async fn dense_backends(config: &ServerConfig) -> Result<Backends> {
+    use std::sync::Arc;
+
+    use grove_env_server::backends::with_pages;
     use grove_env_server::search::dense::{DenseBackend, HybridBackend};
     let Some(corpus) = config.corpus.clone() else {
         bail!("the {:?} backend needs --corpus (the passages whose rows the index holds)", config.backend)
@@ -544,15 +555,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let config = load_config(&args)?;
     let backends = match config.backend {
         BackendKind::Local => {
-            let Some(corpus) = &config.corpus else {
-                bail!("the local backend needs --corpus (or `corpus` in the config)")
-            };
-            let corpus = corpus.clone();
-            let index_dir = config.index.clone();
-            let index = tokio::task::spawn_blocking(move || open_local_index(&corpus, index_dir.as_deref())).await??;
-            tracing::info!(docs = index.num_docs(), "BM25 index ready");
-            let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
-            with_pages(Backends::new("local", Arc::new(index)), &config, cache)?
+            // The callback holds the bar's one handle: the bar is cleared when the build's task
+            // ends and drops it, before the index is reported ready.
+            let bar = index_bar().with_finish(indicatif::ProgressFinish::AndClear);
+            local_backends(&config, move |p| show_index_progress(&bar, p)).await?
         }
         BackendKind::Remote => remote_backends(&config).await?,
         BackendKind::Web => web_backends(&config).await?,

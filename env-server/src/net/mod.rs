@@ -20,64 +20,11 @@ use hyper::body::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
+use crate::backends::Backends;
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
-use crate::search::{PageTool, SearchBackend, SearchError};
+use crate::search::SearchError;
 use crate::sim::{BatchId, ConnId, SearchResult, Sim, Tool};
-
-/// The search backends a server offers, by name; the first is the default. `pages`, when set,
-/// makes `open` a tool.
-#[derive(Debug, Clone)]
-pub struct Backends {
-    list: Vec<(String, Arc<dyn SearchBackend>)>,
-    pub pages: Option<Arc<dyn PageTool>>,
-}
-
-impl Backends {
-    pub fn new(name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
-        Self { list: vec![(name.into(), backend)], pages: None }
-    }
-
-    /// Offer the open-page tool.
-    pub fn with_pages(mut self, pages: Arc<dyn PageTool>) -> Self {
-        self.pages = Some(pages);
-        self
-    }
-
-    /// Calls, errors and cache figures of every backend and of the page tool, by provider.
-    pub fn usage(&self) -> std::collections::BTreeMap<String, grove_protocol::ProviderUsage> {
-        let mut all = std::collections::BTreeMap::new();
-        let pages = self.pages.iter().flat_map(|p| p.usage());
-        for (name, u) in self.list.iter().flat_map(|(_, b)| b.usage()).chain(pages) {
-            let e: &mut grove_protocol::ProviderUsage = all.entry(name).or_default();
-            e.calls += u.calls;
-            e.errors += u.errors;
-            e.retries += u.retries;
-            e.throttled += u.throttled;
-            e.cache_hits += u.cache_hits;
-            e.cache_misses += u.cache_misses;
-        }
-        all
-    }
-
-    /// Add another named backend.
-    pub fn with(mut self, name: impl Into<String>, backend: Arc<dyn SearchBackend>) -> Self {
-        self.list.push((name.into(), backend));
-        self
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.list.iter().map(|(n, _)| n.clone()).collect()
-    }
-
-    pub fn default_backend(&self) -> &Arc<dyn SearchBackend> {
-        &self.list[0].1
-    }
-
-    fn get(&self, i: usize) -> Option<&Arc<dyn SearchBackend>> {
-        self.list.get(i).map(|(_, b)| b)
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -171,8 +118,7 @@ pub async fn run(
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sim = Sim::new(config.limits.clone(), &config.episodes, backends.names());
-    let renders: Vec<_> = backends.list.iter().map(|(_, b)| b.render()).collect();
-    sim.configure_tools(&renders, backends.pages.is_some());
+    sim.configure_tools(&backends.renders(), backends.pages.is_some());
     let welcome = Welcome {
         protocol_version: grove_protocol::PROTOCOL_VERSION,
         server: format!("grove-env-server/{}", env!("CARGO_PKG_VERSION")),

@@ -3,7 +3,6 @@
 //! (BM25) run on tokio's blocking pool; HTTP backends on the runtime.
 
 pub mod cached;
-#[cfg(feature = "dense")]
 pub mod dense;
 mod local;
 pub mod page;
@@ -14,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use local::{BuildProgress, IndexError, LocalIndex};
-pub use remote::RemoteRetriever;
+pub use remote::{RemoteConfig, RemoteRetriever};
 
 use grove_protocol::ErrorCode;
 

@@ -6,10 +6,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grove_http::{HttpError, Overflow, Policy};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Hit, SearchBackend, SearchError, SearchFuture};
-use crate::config::RemoteConfig;
+
+/// The remote Search-R1 backend's HTTP behaviour.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// Deadline for one `/retrieve` call, retries included.
+    pub deadline_ms: u64,
+    /// Attempts after the first on connection errors, 429 and 5xx replies.
+    pub retries: u32,
+    pub backoff_ms: u64,
+    /// A reply longer than this is refused (`bad_reply`) without being buffered whole: a
+    /// `/retrieve` reply for a tick's queries is a few megabytes at most.
+    pub max_reply_bytes: usize,
+    /// Put the persistent cache (`[cache]`) in front of the retriever too.
+    pub cache: bool,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self { deadline_ms: 10_000, retries: 2, backoff_ms: 100, max_reply_bytes: 32 << 20, cache: false }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct RemoteRetriever {

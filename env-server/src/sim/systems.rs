@@ -29,8 +29,6 @@ pub fn information(docs: &str) -> String {
     format!("\n\n<information>{}</information>\n\n", docs.trim())
 }
 
-/// Question preprocessing of the reference: strip, and end with a question mark.
-
 fn reply(conn: ConnId, id: RequestId, msg: Response) -> Reply {
     Reply { conn, envelope: Envelope::new(id, msg), latency: None }
 }

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+/// libtorch's RNG is one global and tests run in parallel: whoever seeds it and draws holds this.
+pub static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 use std::path::{Path, PathBuf};
 
 use grove_datasets::assets;

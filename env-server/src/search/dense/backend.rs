@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use grove_dense::{ApproxIndex, Encoder, EncoderOptions, FlatIndex, HnswParams, TextKind};
 
-use super::{Hit, LocalIndex, SearchBackend, SearchError, SearchFuture};
-use crate::config::{DenseConfig, DenseDevice, DensePooling, DenseSearch};
+use super::{DenseConfig, DenseDevice, DensePooling, DenseSearch};
+use crate::search::{Hit, LocalIndex, SearchBackend, SearchError, SearchFuture};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DenseSetupError {

@@ -4,8 +4,7 @@ use grove_trainer::optim::{AdamW, AdamWConfig};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
-/// libtorch's RNG is global and these tests run in parallel: seed and draw under one lock.
-static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::common::TORCH_RNG as RNG;
 
 fn problem() -> (Tensor, Tensor) {
     let _guard = RNG.lock().unwrap_or_else(|e| e.into_inner());

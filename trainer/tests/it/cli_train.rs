@@ -7,9 +7,7 @@ use std::io::{BufRead, Read, Write};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-mod common;
-
-use common::{tiny_model_folder, world_files};
+use crate::common::{tiny_model_folder, world_files};
 use grove_env_server::config::ServerConfig;
 use grove_env_server::search::LocalIndex;
 use grove_env_server::{Backends, run};

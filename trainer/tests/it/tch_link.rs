@@ -30,11 +30,13 @@ fn matmul_and_softmax_match_plain_rust() {
 
 #[test]
 fn adamw_fits_a_linear_regression() {
+    let guard = crate::common::TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = nn::linear(vs.root() / "fc", 3, 1, Default::default());
     // y = 2 x0 - 3 x1 + 0.5 x2 + 1, noiseless.
     let x = Tensor::randn([256, 3], (Kind::Float, Device::Cpu));
+    drop(guard);
     let w = Tensor::from_slice(&[2.0f32, -3.0, 0.5]).reshape([3, 1]);
     let y = x.matmul(&w) + 1.0;
     let mut opt = nn::AdamW { wd: 0.0, ..Default::default() }.build(&vs, 0.05).unwrap();
