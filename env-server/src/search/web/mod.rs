@@ -172,15 +172,21 @@ impl WebResult {
     }
 }
 
-/// The request parameters that determine a result (provider, results, country, language), for
-/// cache keys.
+/// The request parameters that determine a result (provider, results, country, language, and
+/// the endpoint where it is not the provider's own), for cache keys. Two SearxNG instances (or a
+/// provider behind another URL) answer differently, so they do not share entries; a provider at
+/// its default endpoint keys as it always did.
 pub fn request_params(cfg: &WebConfig) -> Value {
-    json!({
+    let mut params = json!({
         "provider": cfg.provider.name(),
         "results": cfg.results,
         "country": cfg.country,
         "language": cfg.language,
-    })
+    });
+    if let Some(endpoint) = cfg.endpoint.as_deref().filter(|e| Some(*e) != cfg.provider.default_endpoint()) {
+        params["endpoint"] = json!(endpoint);
+    }
+    params
 }
 
 /// A live web search provider.
@@ -296,5 +302,12 @@ mod tests {
         assert_eq!(cfg.country.as_deref(), Some("us"));
         assert!(serde_json::from_value::<WebConfig>(json!({"provder": "brave"})).is_err());
         assert_eq!(request_params(&cfg), json!({"provider": "brave", "results": 5, "country": "us", "language": "en"}));
+        let brave_default = WebConfig { endpoint: Provider::Brave.default_endpoint().map(Into::into), ..cfg.clone() };
+        assert_eq!(request_params(&brave_default), request_params(&cfg));
+        let searx =
+            |url: &str| WebConfig { provider: Provider::Searxng, endpoint: Some(url.into()), ..WebConfig::default() };
+        let (a, b) = (request_params(&searx("http://a.test/search")), request_params(&searx("http://b.test/search")));
+        assert_ne!(a, b, "two SearxNG instances share no cache entries");
+        assert_eq!(a["endpoint"], json!("http://a.test/search"));
     }
 }
