@@ -7,6 +7,7 @@
 //! <run>/metrics.jsonl          one StepMetrics per training step, in step order
 //! <run>/eval-<step>.json       one EvalPoint per evaluation (step 0: before training)
 //! <run>/rollouts-<step>.jsonl  the step's training rows, when the run keeps them
+//! <run>/trees-<step>.jsonl.gz  the step's rollout trees for `trainer view` (see `trees`)
 //! <run>/checkpoint-<step>/     an HF model folder + optimizer.safetensors + state.json
 //! <run>/latest                 the name of the newest complete checkpoint
 //! ```
@@ -20,6 +21,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+mod trees;
+pub use trees::{LeafRecord, NodeRecord, PromptTrees, TREES_VERSION, TreeRecord, read_trees};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
