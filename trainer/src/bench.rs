@@ -664,6 +664,7 @@ fn random_rows(vocab: i64, batch: usize, len: usize) -> (Vec<crate::rows::Traini
                 metric: 0.0,
                 prompt_group: 0,
                 tree_group: 0,
+                leaf: 0,
                 failure: None,
             }
         })

@@ -69,6 +69,8 @@ pub struct TrainingRow {
     /// Group ids for the advantage estimators: the prompt, and the tree within the prompt.
     pub prompt_group: usize,
     pub tree_group: usize,
+    /// The leaf this row was flattened from: its node id within its tree.
+    pub leaf: usize,
     /// Set when the trajectory was refused somewhere: the row is masked out of the loss.
     pub failure: Option<Failure>,
 }
@@ -124,6 +126,7 @@ pub fn training_rows(
                 metric: last.and_then(|s| s.metric).unwrap_or(0.0),
                 prompt_group,
                 tree_group: prompt_group * trees + t,
+                leaf,
                 failure: last.and_then(|s| s.failure.clone()),
             });
         }

@@ -88,6 +88,7 @@ pub fn tokenize(tok: &Tokenizer, t: &Trajectory) -> Result<TrainingRow, SftError
         metric: 0.0,
         prompt_group: 0,
         tree_group: 0,
+        leaf: 0,
         failure: None,
     })
 }

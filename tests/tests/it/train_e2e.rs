@@ -57,6 +57,7 @@ fn step_config(method: Method, estimator: Estimator) -> StepConfig {
         update: UpdateConfig { mini_batches: 1, micro_batch: 4, ..Default::default() },
         schedule: WarmupConstant { lr: 1e-3, warmup_steps: 0 },
         seed: 11,
+        trees: Default::default(),
     }
 }
 

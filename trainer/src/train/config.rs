@@ -132,6 +132,11 @@ pub struct TrainConfig {
     /// Keep every step's training rows (decoded, with rewards and advantages) in
     /// `rollouts-<step>.jsonl`.
     pub save_rollouts: bool,
+    /// Keep the rollout trees of every this many steps in `trees-<step>.jsonl.gz`, for
+    /// `trainer view` (0: never).
+    pub trees_every: u64,
+    /// How many prompts of such a step keep their trees.
+    pub tree_prompts: usize,
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
     pub device: DeviceRequest,
@@ -186,6 +191,8 @@ impl Default for TrainConfig {
             eval_sampled: true,
             save_every: 60,
             save_rollouts: false,
+            trees_every: 1,
+            tree_prompts: 4,
             seed: 0,
             device: DeviceRequest::Auto,
             precision: crate::device::Precision::Auto,
@@ -290,6 +297,7 @@ impl TrainConfig {
             },
             schedule: WarmupConstant::from_ratio(self.lr, warmup, self.steps),
             seed: self.seed,
+            trees: crate::train::trees::TreeRecording { every: self.trees_every, prompts: self.tree_prompts },
         })
     }
 

@@ -10,6 +10,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod step;
+pub mod trees;
 
 use std::path::PathBuf;
 
@@ -162,6 +163,9 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         if cfg.save_rollouts {
             let prompts = prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step);
             run_dir.write_rollouts(step, &result.records(&tok, &tasks, &prompts))?;
+        }
+        if !result.trees.is_empty() {
+            run_dir.write_trees(step, &result.trees)?;
         }
         let m = result.metrics;
         run_dir.append_metrics(&m)?;

@@ -22,6 +22,7 @@ use crate::optim::AdamW;
 use crate::rollout::agent::{AgentConfig, PromptRollout, Rollout, RolloutCost, RolloutError};
 use crate::rows::{TrainingRow, training_rows};
 use crate::tokenizer::Tokenizer;
+use crate::train::trees::{TreeRecording, capture, fill_advantages};
 
 pub use grove_rundir::StepMetrics;
 
@@ -45,6 +46,8 @@ pub struct StepConfig {
     pub update: UpdateConfig,
     pub schedule: WarmupConstant,
     pub seed: u64,
+    /// Which steps keep their rollout trees (`StepResult::trees`), and how many prompts.
+    pub trees: TreeRecording,
 }
 
 /// Mixes a seed and a step into the seed of that step's generator.
@@ -69,6 +72,8 @@ struct Rolled {
     rows: Vec<TrainingRow>,
     cost: RolloutCost,
     reward_check_mismatches: u64,
+    /// The trees of the first `record` prompts (advantages not filled in yet).
+    trees: Vec<grove_rundir::PromptTrees>,
 }
 
 /// Roll out the step's prompts: sharded over the env-servers (a prompt's forks stay on its
@@ -81,12 +86,14 @@ fn roll_out(
     tasks: &[grove_protocol::TaskSpec],
     prompts: &[usize],
     cfg: &StepConfig,
+    (step, record): (u64, usize),
     rng: &mut ChaCha8Rng,
 ) -> Result<Rolled, StepError> {
     let shape = cfg.method.shape();
     let mut cost = RolloutCost::default();
     let mut mismatches = 0u64;
     let mut per_prompt: Vec<Vec<TrainingRow>> = vec![Vec::new(); prompts.len()];
+    let mut recorded: Vec<Option<grove_rundir::PromptTrees>> = vec![None; prompts.len()];
     let mut engine = Engine::new(policy);
     for (e, env) in envs.iter().enumerate() {
         let mine: Vec<(usize, usize)> =
@@ -101,13 +108,22 @@ fn roll_out(
             for (&(p, task), rollout) in chunk.iter().zip(rollouts) {
                 per_prompt[p] = training_rows(&rollout, shape.k, p, cfg.agent.max_response_tokens, rng)?;
                 mismatches += reward_mismatches(tok, &tasks[task], &rollout)?;
+                if p < record {
+                    recorded[p] =
+                        Some(capture(tok, &tasks[task], &rollout, &per_prompt[p], step, p, &cfg.method, cfg.estimator));
+                }
                 rollout.release(&mut engine);
                 opened.extend_from_slice(&rollout.episodes);
             }
             env.close(&opened).map_err(RolloutError::from)?;
         }
     }
-    Ok(Rolled { rows: per_prompt.into_iter().flatten().collect(), cost, reward_check_mismatches: mismatches })
+    Ok(Rolled {
+        rows: per_prompt.into_iter().flatten().collect(),
+        cost,
+        reward_check_mismatches: mismatches,
+        trees: recorded.into_iter().flatten().collect(),
+    })
 }
 
 /// What a step did: its metrics line, and its training rows with the advantage each got.
@@ -116,6 +132,9 @@ pub struct StepResult {
     pub metrics: StepMetrics,
     pub rows: Vec<TrainingRow>,
     pub advantages: Vec<f64>,
+    /// The recorded prompts' rollout trees, with their leaves' advantages (empty on steps that
+    /// record none).
+    pub trees: Vec<grove_rundir::PromptTrees>,
 }
 
 impl StepResult {
@@ -163,9 +182,12 @@ pub fn train_step(
     let mut rng = ChaCha8Rng::seed_from_u64(step_seed(cfg.seed, step));
     let started = Instant::now();
     let prompts = prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step);
-    let Rolled { rows, cost, reward_check_mismatches } = roll_out(policy, tok, envs, tasks, &prompts, cfg, &mut rng)?;
+    let record = cfg.trees.prompts_at(step);
+    let Rolled { rows, cost, reward_check_mismatches, mut trees } =
+        roll_out(policy, tok, envs, tasks, &prompts, cfg, (step, record), &mut rng)?;
     let rollout_seconds = started.elapsed().as_secs_f64();
     let adv = row_advantages(&rows, cfg.estimator);
+    fill_advantages(&mut trees, &rows, &adv, cfg.estimator);
     let lr = cfg.schedule.lr_at(step);
     let t = Instant::now();
     let u: UpdateStats = ppo_update(policy, reference, opt, lr, &rows, &adv, &cfg.update);
@@ -203,7 +225,7 @@ pub fn train_step(
         rollout_seconds,
         update_seconds: t.elapsed().as_secs_f64(),
     };
-    Ok(StepResult { metrics, rows, advantages: adv })
+    Ok(StepResult { metrics, rows, advantages: adv, trees })
 }
 
 /// One advantage per row: the estimator over the rows that train (a refused row joins no group
@@ -290,6 +312,7 @@ mod tests {
             metric: reward,
             prompt_group,
             tree_group,
+            leaf: 0,
             failure: None,
         }
     }

@@ -63,6 +63,33 @@ fn train_resume_and_eval_from_the_command_line() {
         assert_eq!(svg.matches("<circle").count(), 2, "{plot}: one point per step");
     }
     assert_eq!(std::fs::read_to_string(out.join("latest")).unwrap().trim(), "checkpoint-2");
+    // Every step kept its trees (the default): one prompt, two trees, each kept leaf with its
+    // advantage and the inter- and intra-tree parts that sum to it.
+    let run = grove_trainer::rundir::RunDir::new(&out);
+    assert_eq!(run.tree_steps().unwrap(), vec![0, 1]);
+    let step0 = run.trees(0).unwrap();
+    assert_eq!(step0.len(), 1);
+    assert_eq!((step0[0].trees.len(), step0[0].estimator.as_str()), (2, "tree"));
+    let mut kept = 0;
+    for tree in &step0[0].trees {
+        let root = &tree.nodes[0];
+        assert!(root.parent.is_none() && root.kind.is_empty() && !root.children.is_empty());
+        for n in &tree.nodes {
+            for &c in &n.children {
+                assert_eq!(tree.nodes[c].parent, Some(n.id));
+            }
+            if n.id > 0 {
+                assert!(!n.kind.is_empty() && n.tokens > 0, "{n:?}");
+            }
+            if let Some(leaf) = n.leaf.as_ref().filter(|l| l.kept) {
+                kept += 1;
+                let (a, inter, intra) =
+                    (leaf.advantage.unwrap(), leaf.advantage_inter.unwrap(), leaf.advantage_intra.unwrap());
+                assert!((inter + intra - a).abs() < 1e-9, "{leaf:?}");
+            }
+        }
+    }
+    assert_eq!(kept, 4, "m 2 x k 2 kept leaves");
 
     let status =
         Command::new(bin).args(["train", "--resume", "--steps", "3", "--config"]).arg(&config).status().unwrap();

@@ -22,6 +22,7 @@ fn row(response: Vec<u32>, mask: Vec<u8>, reward: f64) -> TrainingRow {
         metric: reward,
         prompt_group: 0,
         tree_group: 0,
+        leaf: 0,
         failure: None,
     }
 }
