@@ -6,7 +6,8 @@
 //! [`net`] is the tokio layer (WebSocket, HTTP, the thread that drives the sim); [`config`] the
 //! TOML/CLI configuration; [`metrics`] the Prometheus counters; [`cache`] the persistent cache in
 //! front of web providers and page fetches; [`backends`] the registry of a server's backends and
-//! their construction from a configuration; [`testkit`] a scripted loopback HTTP server for tests.
+//! their construction from a configuration; `testkit` (feature `testkit`, for tests only) scripted
+//! loopback servers, redis-server, a cutting proxy, and env-servers in-process or as processes.
 //!
 //! Architecture invariants: this crate never links libtorch; the ECS core does no I/O (sockets
 //! and HTTP live in the net layer, search backends sit behind a trait and are called outside the
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod net;
 pub mod search;
 pub mod sim;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 pub use backends::Backends;

@@ -3,7 +3,6 @@
 mod bench;
 #[cfg(feature = "dense")]
 mod bench_dense;
-mod soak;
 
 /// Live heap bytes, counted by a wrapper around the system allocator (the bench measures what a
 /// fork allocates with it).
@@ -75,9 +74,6 @@ enum Command {
     Serve(ServeArgs),
     /// Start a server in-process on loopback and measure it with real WebSocket clients.
     Bench(bench::BenchArgs),
-    /// Start a server process and keep ~1,000 episodes stepping and forking on it for N minutes,
-    /// printing its RSS and step latency over time; fails if RSS grows after warm-up.
-    Soak(soak::SoakArgs),
     /// Export or import the persistent web cache as JSONL (one entry per line).
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -232,7 +228,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Bench(args) => runtime.block_on(bench::run_bench(args)),
-        Command::Soak(args) => runtime.block_on(soak::run_soak(args)),
         Command::Cache(cmd) => runtime.block_on(cache_command(cmd)),
         Command::Index(args) => build_index(&args),
         #[cfg(feature = "dense")]

@@ -1,11 +1,21 @@
-//! A scripted HTTP server on loopback, for tests that stand in for services we cannot reach
-//! (web-search providers, web pages, remote retrievers). A handler closure sees each request and
-//! returns the canned reply; every request is recorded with its arrival time, so tests can count
-//! provider calls and measure the spacing between them. And [`CutProxy`], a loopback TCP proxy
-//! that cuts the connections through it, for what must survive a dropped connection.
+//! Test scaffolding (feature `testkit`, which only dev-dependencies and the soak binary turn on).
+//!
+//! - [`ScriptedServer`]: a scripted HTTP server on loopback, for tests that stand in for services
+//!   we cannot reach (web-search providers, web pages, remote retrievers). A handler closure sees
+//!   each request and returns the canned reply; every request is recorded with its arrival time,
+//!   so tests can count provider calls and measure the spacing between them.
+//! - [`RedisServer`]: a real redis-server on a free port, killed on drop.
+//! - [`CutProxy`]: a loopback TCP proxy that cuts the connections through it, for what must
+//!   survive a dropped connection.
+//! - [`LocalServer`]: an env-server in this process on a free loopback port (BM25 over a corpus,
+//!   or any backends), on the caller's runtime or on one of its own.
+//! - [`spawn_ready`]: an env-server process (or anything taking `--bind`) started on a free
+//!   loopback port and waited for until it listens; [`ServerProcess`] kills it on drop.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +23,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+
+use crate::Backends;
+use crate::config::ServerConfig;
+use crate::net::ServerError;
+use crate::search::LocalIndex;
 
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
@@ -175,7 +190,7 @@ async fn answer(
 /// it). Nothing is persisted: `--save "" --appendonly no`, working directory in a temp dir.
 #[derive(Debug)]
 pub struct RedisServer {
-    child: std::process::Child,
+    child: Child,
     port: u16,
     _dir: tempfile::TempDir,
 }
@@ -202,7 +217,7 @@ impl RedisServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("redis.log");
-        let child = std::process::Command::new(bin)
+        let child = Command::new(bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir.path())
@@ -284,7 +299,7 @@ impl Drop for RedisServer {
 /// what survives a dropped connection. `cut_after(bytes)` arms a one-shot cut once that many
 /// bytes have gone from the server to clients (counted over all connections), so a cut lands in
 /// the middle of a run, mid-frame included; `cut_now` cuts at once. [`CutMode`] says what a cut
-/// leaves behind. Used by the reattach tests and by `env-server soak --drop-every-secs`.
+/// leaves behind. Used by the reattach tests and by `env-server-soak --drop-every-secs`.
 #[derive(Debug)]
 pub struct CutProxy {
     /// `ws://` address of the proxy.
@@ -449,5 +464,147 @@ async fn proxy_one(
         && let Ok(client) = cr.reunite(cw)
     {
         graveyard.push(client);
+    }
+}
+
+/// An env-server in this process, listening on `127.0.0.1:<free port>`. `start` and
+/// `start_with` serve on the caller's tokio runtime; `start_blocking` and `start_blocking_with`
+/// on a runtime of their own (two worker threads), for tests that have none. Dropping it stops
+/// the server (and its runtime, when it has one); `shutdown` stops it and checks it ended cleanly.
+#[derive(Debug)]
+pub struct LocalServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
+    /// Dropped last: the server's tasks run on it.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl LocalServer {
+    /// BM25 over `corpus` (its index built beside it, `<corpus>.index`, when missing) with
+    /// `config`, on the current runtime.
+    pub async fn start(corpus: &Path, config: ServerConfig) -> std::io::Result<LocalServer> {
+        Self::start_with(config, bm25(corpus)?).await
+    }
+
+    /// `backends` with `config`, on the current runtime.
+    pub async fn start_with(config: ServerConfig, backends: Backends) -> std::io::Result<LocalServer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(crate::run(listener, config, backends, async {
+            let _ = stopped.await;
+        }));
+        Ok(LocalServer { addr, stop: Some(stop), handle: Some(handle), rt: None })
+    }
+
+    /// [`LocalServer::start`] on a runtime of its own.
+    pub fn start_blocking(corpus: &Path, config: ServerConfig) -> std::io::Result<LocalServer> {
+        Self::start_blocking_with(config, bm25(corpus)?)
+    }
+
+    /// [`LocalServer::start_with`] on a runtime of its own.
+    pub fn start_blocking_with(config: ServerConfig, backends: Backends) -> std::io::Result<LocalServer> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let mut server = rt.block_on(Self::start_with(config, backends))?;
+        server.rt = Some(rt);
+        Ok(server)
+    }
+
+    /// `ws://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("ws://{}/", self.addr)
+    }
+
+    /// `http://127.0.0.1:<port><path>`.
+    pub fn http(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stop the server and wait (up to 10 s) until it has finished; an error when it does not
+    /// finish in time or `run` returned one. For a server on the caller's runtime.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let Some(handle) = self.handle.take() else { return Ok(()) };
+        match tokio::time::timeout(Duration::from_secs(10), handle).await {
+            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the server did not stop within 10 s")),
+            Ok(Err(join)) => Err(std::io::Error::other(join)),
+            Ok(Ok(Err(e))) => Err(std::io::Error::other(e)),
+            Ok(Ok(Ok(()))) => Ok(()),
+        }
+    }
+}
+
+/// The local BM25 backend over `corpus`, its index built beside it when missing.
+fn bm25(corpus: &Path) -> std::io::Result<Backends> {
+    let index = LocalIndex::open_or_build(corpus, None, &mut |_| {}).map_err(std::io::Error::other)?;
+    Ok(Backends::new("local", Arc::new(index)))
+}
+
+/// An env-server process started by [`spawn_ready`], listening on `addr`; killed (and reaped)
+/// when dropped.
+#[derive(Debug)]
+pub struct ServerProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// `ws://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("ws://{}/", self.addr)
+    }
+
+    /// `http://127.0.0.1:<port><path>`.
+    pub fn http(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// `Some(status)` once the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Add `--bind 127.0.0.1:<free port>` to `cmd` (say `env-server serve --corpus ...`, with its
+/// environment and output already set), start it, and wait until the port accepts connections:
+/// the env-server opens its listener only once its backends are ready. An error, with the
+/// process killed, when it exits first (the error carries its stderr when that was piped) or is
+/// not listening `within`.
+pub async fn spawn_ready(mut cmd: Command, within: Duration) -> std::io::Result<ServerProcess> {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let child = cmd.arg("--bind").arg(addr.to_string()).spawn()?;
+    let mut process = ServerProcess { child, addr };
+    let started = Instant::now();
+    loop {
+        if let Some(status) = process.exited() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = process.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            return Err(std::io::Error::other(format!(
+                "the server exited ({status}) before listening on {addr}{}{stderr}",
+                if stderr.is_empty() { "" } else { ":\n" }
+            )));
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(process);
+        }
+        if started.elapsed() > within {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the server did not listen on {addr} within {within:?}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

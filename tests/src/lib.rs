@@ -21,7 +21,7 @@ pub fn fixture(name: &str) -> PathBuf {
 #[derive(Debug)]
 pub struct WorldServer {
     pub url: String,
-    _rt: tokio::runtime::Runtime,
+    _server: grove_env_server::testkit::LocalServer,
     _dir: tempfile::TempDir,
 }
 
@@ -37,20 +37,18 @@ impl WorldServer {
         config: grove_env_server::config::ServerConfig,
         backend: Option<std::sync::Arc<dyn grove_env_server::search::SearchBackend>>,
     ) -> WorldServer {
+        use grove_env_server::testkit::LocalServer;
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("world.jsonl");
         grove_datasets::loaders::write_wiki18(&corpus, &world.passages).unwrap();
-        let backend = backend.unwrap_or_else(|| {
-            std::sync::Arc::new(
-                grove_env_server::search::LocalIndex::open_or_build(&corpus, None, &mut |_| {}).unwrap(),
-            )
-        });
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let url = format!("ws://{}/", listener.local_addr().unwrap());
-        let backends = grove_env_server::Backends::new("local", backend);
-        rt.spawn(grove_env_server::run(listener, config, backends, std::future::pending()));
-        WorldServer { url, _rt: rt, _dir: dir }
+        let server = match backend {
+            Some(backend) => {
+                LocalServer::start_blocking_with(config, grove_env_server::Backends::new("local", backend))
+            }
+            None => LocalServer::start_blocking(&corpus, config),
+        }
+        .unwrap();
+        WorldServer { url: server.url(), _server: server, _dir: dir }
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod assets;
 mod bench;
+mod chromium;
 mod demo;
 mod experiment;
 mod fuzz;
@@ -142,22 +143,35 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         println!("redis-server: {}", redis_server.display());
         Ok(())
     })?;
+    let mut chromium = PathBuf::new();
+    phase("chromium", &mut || {
+        chromium = chromium::ensure()?;
+        println!("chromium: {}", chromium.display());
+        Ok(())
+    })?;
     if !no_lint {
         phase("cargo fmt --check", &mut || util::run(root, "cargo", &["fmt", "--all", "--check"]))?;
+        // With the env-server's `soak` feature, so that its soak binary is linted too.
         phase("cargo clippy", &mut || {
-            util::run(root, "cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
+            let soak = "grove-env-server/soak";
+            util::run(
+                root,
+                "cargo",
+                &["clippy", "--workspace", "--all-targets", "--features", soak, "--", "-D", "warnings"],
+            )
         })?;
     }
     phase("cargo test", &mut || {
         let mut args = vec!["test", "--workspace"];
         args.extend(cargo_test_args.iter().map(String::as_str));
         // The shared-cache tests start their own redis-servers from this program; the FAISS
-        // file tests run faiss-cpu from the venv.
+        // file tests run faiss-cpu from the venv; grove-view's browser test drives this Chromium.
         util::run_cmd(
             std::process::Command::new("cargo")
                 .current_dir(root)
                 .args(&args)
                 .env("GROVE_REDIS_SERVER", &redis_server)
+                .env("GROVE_CHROMIUM", &chromium)
                 .env("GROVE_PYTHON", python::python(&venv)),
         )
     })?;

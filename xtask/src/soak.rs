@@ -1,6 +1,7 @@
-//! `cargo xtask soak --minutes N`: build the env-server in release and run `env-server soak`,
-//! which keeps ~1,000 episodes stepping and forking on a server process for N minutes and fails
-//! when the server's RSS grows after warm-up.
+//! `cargo xtask soak --minutes N`: build the env-server and its soak client (`env-server-soak`,
+//! the env-server's `soak` feature) in release and run the client, which keeps ~1,000 episodes
+//! stepping and forking on an `env-server` process for N minutes and fails when the server's RSS
+//! grows after warm-up.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,25 +15,40 @@ pub struct SoakArgs {
     /// Length of the run, in minutes.
     #[arg(long)]
     minutes: f64,
-    /// Further `env-server soak` arguments (--episodes, --connections, --interval-secs,
-    /// --warmup-minutes, --scale, --max-turns, --think-ms, --seed), passed through.
+    /// Further `env-server-soak` arguments (--episodes, --connections, --interval-secs,
+    /// --warmup-minutes, --scale, --max-turns, --think-ms, --seed, --drop-every-secs), passed
+    /// through.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     rest: Vec<String>,
 }
 
 pub fn run(root: &Path, args: &SoakArgs) -> Result<()> {
-    util::banner("cargo build --release -p grove-env-server --bin env-server");
-    util::run(root, "cargo", &["build", "--release", "-p", "grove-env-server", "--bin", "env-server"])?;
+    let build = [
+        "build",
+        "--release",
+        "-p",
+        "grove-env-server",
+        "--features",
+        "soak",
+        "--bin",
+        "env-server",
+        "--bin",
+        "env-server-soak",
+    ];
+    util::banner(&format!("cargo {}", build.join(" ")));
+    util::run(root, "cargo", &build)?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .filter(|d| !d.is_empty())
         .map(|d| root.join(d))
         .unwrap_or_else(|| root.join("target"));
-    let binary = target.join("release").join(format!("env-server{}", std::env::consts::EXE_SUFFIX));
-    util::banner(&format!("env-server soak --minutes {}", args.minutes));
+    let release = target.join("release");
+    let binary = |name: &str| release.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    util::banner(&format!("env-server-soak --minutes {}", args.minutes));
     util::run_cmd(
-        Command::new(&binary)
+        Command::new(binary("env-server-soak"))
             .current_dir(root)
-            .arg("soak")
+            .arg("--server")
+            .arg(binary("env-server"))
             .arg("--minutes")
             .arg(args.minutes.to_string())
             .args(&args.rest),

@@ -1,7 +1,7 @@
 //! Grove's cross-crate tests, one binary (it links libtorch once): data through the wire, the
-//! scripted agent, rollout trees, reattaching, OpenAI-compatible evaluation, training end to end
-//! and the experiment command. A module per area; the helpers they share are the `grove_tests`
-//! library.
+//! scripted agent, rollout trees, reattaching, OpenAI-compatible evaluation, training end to end,
+//! the experiment command, and `trainer view` on a real run's folder. A module per area; the
+//! helpers they share are the `grove_tests` library.
 
 mod data_to_wire;
 mod experiment;
@@ -10,3 +10,4 @@ mod reattach;
 mod rollout_tree;
 mod scripted_agent;
 mod train_e2e;
+mod view;

@@ -65,6 +65,9 @@ enum Command {
     /// generation with KV-prefix reuse against re-encoding; with --env and --data, also the
     /// budget rows of `trainer budget`.
     Bench(BenchArgs),
+    /// Serve a page of a run's rollout trees, transcripts and training curves (or of an experiment
+    /// folder's arms side by side), offline, on loopback, until Ctrl-C; follows a run still training.
+    View(ViewArgs),
 }
 
 impl Cli {
@@ -82,6 +85,7 @@ impl Cli {
             Command::Budget(a) => a.run(),
             Command::Bench(a) => a.run(),
             Command::Parity(a) => a.run(),
+            Command::View(a) => a.run(),
         }
     }
 }
@@ -860,6 +864,23 @@ impl ParityArgs {
         if !r.ok {
             bail!("parity with transformers failed for {}", self.model.model.display());
         }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+struct ViewArgs {
+    /// The run folder (`out_dir` of `trainer train`), or an experiment folder.
+    run_dir: PathBuf,
+    /// Where to listen (default 127.0.0.1:8450, or a free loopback port when it is taken); an
+    /// address other than loopback lets other machines read the run.
+    #[arg(long)]
+    bind: Option<std::net::SocketAddr>,
+}
+
+impl ViewArgs {
+    fn run(self) -> Result<()> {
+        grove_view::run(&self.run_dir, self.bind)?;
         Ok(())
     }
 }

@@ -79,6 +79,7 @@ struct Rolled {
 /// Roll out the step's prompts: sharded over the env-servers (a prompt's forks stay on its
 /// server), each server's prompts in batches whose generations run together; one `Close` per
 /// batch.
+#[allow(clippy::too_many_arguments)]
 fn roll_out(
     policy: &CausalLm,
     tok: &Tokenizer,
@@ -86,7 +87,8 @@ fn roll_out(
     tasks: &[grove_protocol::TaskSpec],
     prompts: &[usize],
     cfg: &StepConfig,
-    (step, record): (u64, usize),
+    step: u64,
+    record: usize,
     rng: &mut ChaCha8Rng,
 ) -> Result<Rolled, StepError> {
     let shape = cfg.method.shape();
@@ -184,7 +186,7 @@ pub fn train_step(
     let prompts = prompts_for_step(tasks.len(), cfg.prompts_per_step, cfg.seed, step);
     let record = cfg.trees.prompts_at(step);
     let Rolled { rows, cost, reward_check_mismatches, mut trees } =
-        roll_out(policy, tok, envs, tasks, &prompts, cfg, (step, record), &mut rng)?;
+        roll_out(policy, tok, envs, tasks, &prompts, cfg, step, record, &mut rng)?;
     let rollout_seconds = started.elapsed().as_secs_f64();
     let adv = row_advantages(&rows, cfg.estimator);
     fill_advantages(&mut trees, &rows, &adv, cfg.estimator);

@@ -9,17 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{tiny_model_folder, world_files};
 use grove_env_server::config::ServerConfig;
-use grove_env_server::search::LocalIndex;
-use grove_env_server::{Backends, run};
+use grove_env_server::testkit::LocalServer;
 
-/// An env-server over `corpus` on loopback, served by the returned runtime; its `ws://` URL.
-fn env_server(corpus: &std::path::Path) -> (tokio::runtime::Runtime, String) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let index = LocalIndex::open_or_build(corpus, None, &mut |_| {}).unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let url = format!("ws://{}/", listener.local_addr().unwrap());
-    rt.spawn(run(listener, ServerConfig::default(), Backends::new("local", Arc::new(index)), std::future::pending()));
-    (rt, url)
+/// An env-server over `corpus` on loopback, on a runtime of its own; its `ws://` URL.
+fn env_server(corpus: &std::path::Path) -> (LocalServer, String) {
+    let server = LocalServer::start_blocking(corpus, ServerConfig::default()).unwrap();
+    let url = server.url();
+    (server, url)
 }
 
 #[test]
@@ -29,7 +25,7 @@ fn train_resume_and_eval_from_the_command_line() {
     tiny_model_folder(&model);
     let (corpus, data) = world_files(work.path());
 
-    let (_rt, url) = env_server(&corpus);
+    let (_server, url) = env_server(&corpus);
 
     let out = work.path().join("run");
     let config = work.path().join("train.toml");
@@ -207,7 +203,7 @@ fn chain_grpo_from_the_command_line_centres_every_group() {
     let work = tempfile::tempdir().unwrap();
     let spec = grove_trainer::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 4 };
     let world = spec.write(&work.path().join("world")).unwrap();
-    let (_rt, url) = env_server(&world.corpus());
+    let (_server, url) = env_server(&world.corpus());
     let env = grove_trainer::env::EnvClient::connect(&url, Default::default()).unwrap();
     let policy = warm_start(&env, &world, &work.path().join("warm"), &WarmStart::tiny()).unwrap().policy;
     let out = work.path().join("chain");
@@ -384,7 +380,7 @@ fn eval_against_an_openai_compatible_server_from_the_command_line() {
     const KEY: &str = "sk-grove-cli-test-5b1f0e";
     let work = tempfile::tempdir().unwrap();
     let (corpus, data) = world_files(work.path());
-    let (_rt, env) = env_server(&corpus);
+    let (_server, env) = env_server(&corpus);
     let questions =
         grove_datasets::loaders::load_qa_jsonl(&data, "qa", None, grove_datasets::OnBadRow::Fail).unwrap().items;
     let answers: Vec<_> = questions.iter().map(|q| (q.question.clone(), q.golden_answers[0].clone())).collect();

@@ -4,16 +4,15 @@
 //! disconnect; meanwhile a well-behaved client on another connection sees no errors and every
 //! reply within a generous liveness bound, and the server's resident memory stays bounded.
 
-mod common;
-
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{em_task, f1_task, fixture};
+use crate::common::{em_task, f1_task, fixture};
 use futures_util::{SinkExt, StreamExt};
+use grove_env_server::testkit::{ServerProcess, spawn_ready};
 use grove_protocol::client::{Client, ClientError, ClientOptions};
 use grove_protocol::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,8 +31,7 @@ const RSS_BOUND_KB: u64 = 200 * 1024;
 // The server under attack: the env-server binary as a child process.
 
 struct ChildServer {
-    child: Child,
-    port: u16,
+    process: ServerProcess,
     log: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -52,7 +50,6 @@ impl ChildServer {
         let config = dir.path().join("server.toml");
         std::fs::write(&config, toml).unwrap();
         let log = dir.path().join("server.log");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut command = match nofile {
             None => Command::new(env!("CARGO_BIN_EXE_env-server")),
             Some(n) => {
@@ -61,46 +58,40 @@ impl ChildServer {
                 c
             }
         };
-        let child = command
+        command
             .args(["serve", "--config"])
             .arg(&config)
             .arg("--corpus")
             .arg(&corpus)
-            .args(["--bind", &format!("127.0.0.1:{port}")])
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut server = ChildServer { child, port, log, _dir: dir };
-        for _ in 0..300 {
-            if let Ok(c) = Client::connect(&server.url(), ClientOptions::default()).await
-                && c.ping(1).await.is_ok()
-            {
-                return server;
+            .stderr(std::fs::File::create(&log).unwrap());
+        match spawn_ready(command, Duration::from_secs(30)).await {
+            Ok(process) => ChildServer { process, log, _dir: dir },
+            Err(e) => {
+                let bytes = std::fs::read(&log).unwrap_or_default();
+                let tail = String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(4000)..]);
+                panic!("server did not come up: {e}\n{tail}");
             }
-            assert!(server.child.try_wait().unwrap().is_none(), "server exited early:\n{}", server.log_tail());
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("server did not come up:\n{}", server.log_tail());
     }
 
     fn url(&self) -> String {
-        format!("ws://127.0.0.1:{}/", self.port)
+        self.process.url()
     }
 
     fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.process.addr.to_string()
     }
 
     /// The server's resident set size in KiB.
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.child.id())).unwrap();
         let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/<pid>/status");
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 
     fn assert_alive(&mut self) {
-        assert!(self.child.try_wait().unwrap().is_none(), "the server died:\n{}", self.log_tail());
+        assert!(self.process.exited().is_none(), "the server died:\n{}", self.log_tail());
     }
 
     fn log_tail(&self) -> String {
@@ -123,8 +114,7 @@ impl Drop for ChildServer {
         if std::thread::panicking() {
             eprintln!("--- server log ---\n{}", self.log_tail());
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Then `process` kills the server.
     }
 }
 
@@ -1075,7 +1065,7 @@ async fn a_retriever_streaming_a_gigabyte_is_cut_at_the_reply_cap() {
     let streamed = sent.load(Ordering::Relaxed);
     assert!(streamed < 128 << 20, "the server read {streamed} bytes of the reply");
     // Peak resident memory over the whole run, not only now.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.process.child.id())).unwrap();
     let peak: u64 = status
         .lines()
         .find(|l| l.starts_with("VmHWM:"))

@@ -2,13 +2,13 @@
 //! index --dense` encodes a corpus into a FAISS flat index (resuming an interrupted run), and
 //! `env-server serve --backend dense|hybrid --index FILE --model DIR --corpus FILE` answers
 //! Search-R1 `/retrieve` requests from it. The encoder is the real all-MiniLM-L6-v2 of
-//! `cargo xtask assets`.
-#![cfg(feature = "dense")]
+//! `cargo xtask assets`. Compiled only with the `dense` feature (its `mod` line in main.rs).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use grove_env_server::testkit::{ServerProcess, spawn_ready};
 use serde_json::{Value, json};
 
 const PASSAGES: &[(&str, &str)] = &[
@@ -94,27 +94,14 @@ fn index(corpus: &Path, out: &Path) -> std::process::Output {
         .unwrap()
 }
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn serve(backend: &str, corpus: &Path, index: &Path) -> Server {
+async fn serve(backend: &str, corpus: &Path, index: &Path) -> ServerProcess {
     serve_with(backend, corpus, index, &[]).await
 }
 
-async fn serve_with(backend: &str, corpus: &Path, index: &Path, extra: &[&str]) -> Server {
+async fn serve_with(backend: &str, corpus: &Path, index: &Path, extra: &[&str]) -> ServerProcess {
     grove_http::install_tls_provider();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = env_server()
-        .args(["serve", "--backend", backend])
+    let mut cmd = env_server();
+    cmd.args(["serve", "--backend", backend])
         .args(extra)
         .arg("--index")
         .arg(index)
@@ -122,32 +109,14 @@ async fn serve_with(backend: &str, corpus: &Path, index: &Path, extra: &[&str]) 
         .arg(model_dir())
         .arg("--corpus")
         .arg(corpus)
-        .args(["--bind", &format!("127.0.0.1:{port}")])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    for _ in 0..600 {
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().unwrap();
-            panic!("env-server exited ({status}): {}", String::from_utf8_lossy(&out.stderr));
-        }
-        if reqwest::get(format!("http://127.0.0.1:{port}/health")).await.is_ok_and(|r| r.status().is_success()) {
-            return Server { child, port };
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("env-server did not start within 60 s");
+        .stderr(Stdio::piped());
+    spawn_ready(cmd, Duration::from_secs(60)).await.unwrap_or_else(|e| panic!("env-server did not start: {e}"))
 }
 
-async fn retrieve(server: &Server, queries: &[&str], topk: usize) -> Vec<Vec<(String, f64)>> {
+async fn retrieve(server: &ServerProcess, queries: &[&str], topk: usize) -> Vec<Vec<(String, f64)>> {
     let body = json!({"queries": queries, "topk": topk, "return_scores": true});
-    let r = reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{}/retrieve", server.port))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = reqwest::Client::new().post(server.http("/retrieve")).json(&body).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let v: Value = r.json().await.unwrap();
     v["result"]

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use grove_env_server::backends::{remote_backends, web_backends};
 use grove_env_server::config::{BackendKind, CacheMode, CacheStoreKind, Provider, ServerConfig};
-use grove_env_server::run;
-use grove_env_server::testkit::{Canned, Recorded, RedisServer, ScriptedServer};
+use grove_env_server::testkit::{Canned, LocalServer, Recorded, RedisServer, ScriptedServer, spawn_ready};
 use grove_protocol::client::{Client, ClientOptions};
 use grove_protocol::{ActionKind, EpisodeId, ErrorCode, ForkSpec, Observation, TaskSpec};
 
@@ -55,11 +54,8 @@ fn web_config(provider: &ScriptedServer, cache: &std::path::Path) -> ServerConfi
     c
 }
 
-struct Server {
-    addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<Result<(), grove_env_server::net::ServerError>>,
-}
+/// A [`LocalServer`] with the web (or remote) backends its configuration names.
+struct Server(LocalServer);
 
 impl Server {
     async fn start(config: ServerConfig) -> Server {
@@ -67,29 +63,19 @@ impl Server {
             BackendKind::Remote => remote_backends(&config).await.unwrap(),
             _ => web_backends(&config).await.unwrap(),
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(run(listener, config, backends, async {
-            let _ = rx.await;
-        }));
-        Server { addr, stop: Some(tx), handle }
+        Server(LocalServer::start_with(config, backends).await.unwrap())
     }
 
     async fn client(&self) -> Client {
-        Client::connect(&format!("ws://{}/", self.addr), ClientOptions::default()).await.unwrap()
+        Client::connect(&self.0.url(), ClientOptions::default()).await.unwrap()
     }
 
     async fn metrics(&self) -> String {
-        let url = format!("http://{}/metrics", self.addr);
-        reqwest::get(url).await.unwrap().text().await.unwrap()
+        reqwest::get(self.0.http("/metrics")).await.unwrap().text().await.unwrap()
     }
 
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(10), self.handle).await.unwrap().unwrap().unwrap();
+    async fn stop(self) {
+        self.0.shutdown().await.unwrap();
     }
 }
 
@@ -268,19 +254,19 @@ async fn replay_serves_a_recorded_evaluation_without_the_network() {
         assert_eq!(imported.import_jsonl(file).await.unwrap().imported, 12);
     }
 
-    // Replay from the imported copy, against a provider that counts every call.
-    let fresh = serper().await;
-    let mut config = web_config(&fresh, &dir.path().join("imported.sqlite3"));
+    // Replay from the imported copy with the recording's configuration (its endpoint is part of
+    // the cache key); the provider counts every call.
+    let mut config = web_config(&provider, &dir.path().join("imported.sqlite3"));
     config.cache.mode = CacheMode::Replay;
     let server = Server::start(config).await;
     let second = evaluation(&server, &queries).await;
     let texts = |obs: &[Observation]| obs.iter().map(|o| (o.text.clone(), o.error.clone())).collect::<Vec<_>>();
     assert_eq!(texts(&second), texts(&first), "identical observations");
     assert!(first.iter().all(|o| o.error.is_none()));
-    assert_eq!(fresh.count(), 0, "replay makes no provider call");
+    assert_eq!(provider.count(), 12, "replay makes no provider call");
     let miss = evaluation(&server, &["never asked".to_string()]).await.remove(0);
     assert_eq!(miss.error.as_ref().map(|e| e.code), Some(ErrorCode::ReplayMiss));
-    assert_eq!(fresh.count(), 0);
+    assert_eq!(provider.count(), 12);
     server.stop().await;
 }
 
@@ -326,27 +312,14 @@ async fn cached_results_survive_kill_9() {
     .unwrap();
     let queries: Vec<String> = (0..25).map(|i| format!("durable question {i}")).collect();
     let spawn = || {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(env!("CARGO_BIN_EXE_env-server"))
-            .args(["serve", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_env-server"));
+        cmd.args(["serve", "--config"])
             .arg(&config)
-            .args(["--bind", &format!("127.0.0.1:{port}")])
             .env("GROVE_TEST_SERPER_KEY", "k")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        (child, format!("ws://127.0.0.1:{port}/"))
+            .stderr(Stdio::null());
+        spawn_ready(cmd, Duration::from_secs(10))
     };
-    async fn connect(url: &str) -> Client {
-        for _ in 0..200 {
-            if let Ok(c) = Client::connect(url, ClientOptions::default()).await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("env-server did not come up at {url}");
-    }
     async fn ask(c: &Client, queries: &[String]) -> Vec<String> {
         let mut out = Vec::new();
         for q in queries {
@@ -355,21 +328,20 @@ async fn cached_results_survive_kill_9() {
         }
         out
     }
-    let (mut child, url) = spawn();
-    let c = connect(&url).await;
+    let mut server = spawn().await.unwrap();
+    let c = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
     let before = ask(&c, &queries).await;
     assert_eq!(provider.count(), 25);
-    child.kill().unwrap(); // SIGKILL: no shutdown path runs
-    child.wait().unwrap();
+    server.child.kill().unwrap(); // SIGKILL: no shutdown path runs
+    server.child.wait().unwrap();
     drop(c);
 
-    let (mut child, url) = spawn();
-    let c = connect(&url).await;
+    let server = spawn().await.unwrap();
+    let c = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
     let after = ask(&c, &queries).await;
     assert_eq!(after, before);
     assert_eq!(provider.count(), 25, "every result came from the cache");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(server); // killed
 
     // `env-server cache export` names the cache with the same flags as `serve`.
     let out = dir.path().join("cache.jsonl");

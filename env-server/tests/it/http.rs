@@ -1,12 +1,10 @@
 //! The HTTP side door in the Search-R1 dialect, the remote backend against a real second server,
 //! and the BM25 index's build-once, rebuild-on-change behaviour.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, em_task, fixture};
+use crate::common::{TestServer, em_task, fixture};
 use grove_env_server::Backends;
 use grove_env_server::config::{RemoteConfig, ServerConfig, ToolErrors};
 use grove_env_server::search::{LocalIndex, RemoteRetriever, SearchBackend, SearchError};

@@ -1,9 +1,7 @@
 //! Episodes over real sockets: search, answer and rewards; invalid actions; the forced final turn;
 //! forks at every step; closing a parent.
 
-mod common;
-
-use common::{TestServer, em_task, f1_task};
+use crate::common::{TestServer, em_task, f1_task};
 use grove_env_server::config::ServerConfig;
 use grove_env_server::sim::INVALID_ACTION_FEEDBACK;
 use grove_protocol::*;

@@ -1,12 +1,11 @@
 //! The `env-server` binary: a TOML config plus flags, serving until SIGINT.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{em_task, fixture};
+use crate::common::{em_task, fixture};
 use grove_env_server::config::{BackendKind, RewardMode, ServerConfig};
+use grove_env_server::testkit::spawn_ready;
 use grove_protocol::client::{Client, ClientOptions};
 
 #[test]
@@ -43,39 +42,27 @@ async fn serve_from_the_command_line_until_sigint() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     std::fs::copy(fixture("wiki18-sample.jsonl"), &corpus).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = dir.path().join("server.toml");
     std::fs::write(&config, "[episodes]\nmax_turns = 2\n").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_env-server"))
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_env-server"));
+    cmd.args(["serve", "--config"])
         .arg(&config)
         .arg("--corpus")
         .arg(&corpus)
-        .args(["--bind", &format!("127.0.0.1:{port}")])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let url = format!("ws://127.0.0.1:{port}/");
-    let mut client = None;
-    for _ in 0..100 {
-        if let Ok(c) = Client::connect(&url, ClientOptions::default()).await {
-            client = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let c = client.expect("server came up");
+        .stderr(Stdio::piped());
+    let mut server = spawn_ready(cmd, Duration::from_secs(10)).await.expect("server came up");
+    let c = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
     assert_eq!(c.welcome().limits.max_turns, 2, "the config file was read");
     let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
     assert!(c.step_text(ep.episode, "<search> Ada Kerrigan </search>").await.unwrap().text.contains("Ada Kerrigan"));
     assert!(corpus.with_file_name("corpus.jsonl.index").join("meta.json").exists());
     drop(c);
-    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill").args(["-INT", &server.child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let mut waited = 0;
     let exit = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = server.child.try_wait().unwrap() {
             break s;
         }
         assert!(waited < 100, "server did not stop on SIGINT");
@@ -103,7 +90,6 @@ async fn tokens_and_keys_never_reach_the_logs() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = dir.path().join("server.toml");
     std::fs::write(
         &config,
@@ -116,32 +102,21 @@ async fn tokens_and_keys_never_reach_the_logs() {
     )
     .unwrap();
     let log = dir.path().join("server.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_env-server"))
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_env-server"));
+    cmd.args(["serve", "--config"])
         .arg(&config)
-        .args(["--bind", &format!("127.0.0.1:{port}")])
         .env("GROVE_TEST_TOKEN", TOKEN)
         .env("GROVE_TEST_KEY", KEY)
         .env("RUST_LOG", "trace")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let url = format!("ws://127.0.0.1:{port}/");
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut server = spawn_ready(cmd, Duration::from_secs(10)).await.expect("server came up");
+    let url = server.url();
     let with = |t: &str| ClientOptions { token: Some(t.into()), name: None, ..Default::default() };
-    let mut up = false;
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "server came up");
     assert!(Client::connect(&url, ClientOptions::default()).await.is_err(), "no token");
     assert!(Client::connect(&url, with(WRONG)).await.is_err(), "wrong token");
     let http = reqwest::Client::new();
-    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    let metrics = server.http("/metrics");
     assert_eq!(http.get(&metrics).send().await.unwrap().status().as_u16(), 401);
     assert_eq!(http.get(&metrics).bearer_auth(WRONG).send().await.unwrap().status().as_u16(), 401);
     let reply = http.get(&metrics).bearer_auth(TOKEN).send().await.unwrap();
@@ -160,9 +135,9 @@ async fn tokens_and_keys_never_reach_the_logs() {
     assert!(obs.text.contains("Page 1: S"), "{}", obs.text);
     assert_eq!(provider.requests()[0].query_param("api_key").as_deref(), Some(KEY), "the key was used");
     drop(c);
-    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill").args(["-INT", &server.child.id().to_string()]).status().unwrap();
     assert!(status.success());
-    child.wait().unwrap();
+    server.child.wait().unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.lines().count() > 10, "trace logging was on:\n{text}");
     for secret in [TOKEN, WRONG, KEY] {

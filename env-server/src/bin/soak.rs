@@ -1,22 +1,36 @@
-//! `env-server soak`: start a server as a separate process over the synthetic world, keep about
-//! `--episodes` episodes live on it (stepping with real searches, forking, answering, closing and
-//! replacing them) for `--minutes`, and print the server's RSS, its live heap and the step latency
-//! over time. Fails when RSS or the heap grows after warm-up or when any request errors.
+//! `env-server-soak` (feature `soak`; `cargo xtask soak` builds and runs it): start an
+//! `env-server` as a separate process over the synthetic world, keep about `--episodes` episodes
+//! live on it (stepping with real searches, forking, answering, closing and replacing them) for
+//! `--minutes`, and print the server's RSS, its live heap and the step latency over time. Fails
+//! when RSS or the heap grows after warm-up or when any request errors. A client of the server,
+//! not part of it: it talks through the protocol client and cuts connections with the testkit's
+//! proxy.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use grove_datasets::synthetic::{World, WorldConfig};
+use grove_env_server::testkit::{CutProxy, spawn_ready};
 use grove_protocol::client::{Client, ClientError, ClientOptions, Reconnect};
 use grove_protocol::*;
 
-#[derive(clap::Args, Debug)]
-pub struct SoakArgs {
+#[derive(Parser, Debug)]
+#[command(
+    name = "env-server-soak",
+    version,
+    about = "Start an env-server process and keep ~1,000 episodes stepping and forking on it for N \
+             minutes, printing its RSS and step latency over time; fails if RSS grows after warm-up."
+)]
+struct SoakArgs {
+    /// The `env-server` binary to soak (default: the one beside this program).
+    #[arg(long)]
+    server: Option<PathBuf>,
     /// Length of the run, in minutes.
     #[arg(long)]
     minutes: f64,
@@ -50,29 +64,6 @@ pub struct SoakArgs {
     /// be lost.
     #[arg(long, default_value_t = 0.0)]
     drop_every_secs: f64,
-}
-
-/// The server process; killed (and reaped) when dropped, on success and on error alike.
-struct ServerProcess {
-    child: Child,
-}
-
-impl ServerProcess {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `Some(status)` once the process has exited.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// VmRSS of a process, in bytes.
@@ -162,7 +153,25 @@ fn task(question: &str) -> TaskSpec {
     }
 }
 
-pub async fn run_soak(args: SoakArgs) -> Result<()> {
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = SoakArgs::parse();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run_soak(args))
+}
+
+/// The `env-server` binary beside this program's.
+fn sibling_server() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locate this program")?;
+    Ok(exe.with_file_name(format!("env-server{}", std::env::consts::EXE_SUFFIX)))
+}
+
+async fn run_soak(args: SoakArgs) -> Result<()> {
     if args.minutes <= 0.0 || args.episodes == 0 || args.connections == 0 || args.interval_secs <= 0.0 {
         bail!("--minutes, --episodes, --connections and --interval-secs must be positive");
     }
@@ -197,10 +206,26 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
         ),
     )?;
 
-    let addr = free_port()?;
-    let mut server = start_server(&corpus, &config, addr)?;
-    wait_ready(&mut server, addr, Duration::from_secs(300)).await?;
-    let pid = server.pid();
+    let exe = match &args.server {
+        Some(path) => path.clone(),
+        None => sibling_server()?,
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.arg("serve")
+        .arg("--corpus")
+        .arg(&corpus)
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "warn");
+    }
+    // Ready once it listens (it builds its index first).
+    let mut server =
+        spawn_ready(cmd, Duration::from_secs(300)).await.with_context(|| format!("start {} serve", exe.display()))?;
+    let (addr, pid) = (server.addr, server.child.id());
     let heap_idle = heap_bytes(addr).await;
     eprintln!(
         "soak: server pid {pid} on {addr}, {} passages, {} episodes over {} connections, {:.1} min (warm-up {:.1} min)",
@@ -213,7 +238,7 @@ pub async fn run_soak(args: SoakArgs) -> Result<()> {
 
     let direct = format!("ws://{addr}/");
     let proxy = if args.drop_every_secs > 0.0 {
-        Some(Arc::new(grove_env_server::testkit::CutProxy::start(&direct).await.context("start the cutting proxy")?))
+        Some(Arc::new(CutProxy::start(&direct).await.context("start the cutting proxy")?))
     } else {
         None
     };
@@ -484,49 +509,6 @@ async fn heap_bytes(addr: SocketAddr) -> Option<u64> {
         text.lines().find_map(|l| l.strip_prefix("grove_heap_live_bytes ")).and_then(|v| v.trim().parse().ok())
     };
     tokio::time::timeout(Duration::from_secs(5), fetch).await.ok().flatten()
-}
-
-/// A loopback port that was free a moment ago.
-fn free_port() -> Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
-    Ok(l.local_addr()?)
-}
-
-fn start_server(corpus: &Path, config: &Path, addr: SocketAddr) -> Result<ServerProcess> {
-    let exe: PathBuf = std::env::current_exe().context("locate the env-server binary")?;
-    let mut cmd = Command::new(&exe);
-    cmd.arg("serve")
-        .arg("--corpus")
-        .arg(corpus)
-        .arg("--bind")
-        .arg(addr.to_string())
-        .arg("--config")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
-    }
-    let child = cmd.spawn().with_context(|| format!("start {} serve", exe.display()))?;
-    Ok(ServerProcess { child })
-}
-
-/// Wait until the server accepts connections (it builds its index first).
-async fn wait_ready(server: &mut ServerProcess, addr: SocketAddr, limit: Duration) -> Result<()> {
-    let t = Instant::now();
-    loop {
-        if let Some(status) = server.exited() {
-            bail!("the server exited before accepting connections: {status}");
-        }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
-        }
-        if t.elapsed() > limit {
-            bail!("the server did not accept connections on {addr} within {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn create(client: &Client, shared: &Shared, rng: &mut Rng) -> Option<EpisodeId> {

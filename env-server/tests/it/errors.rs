@@ -1,11 +1,9 @@
 //! Bad input gets a typed error with the request id when it can be read, and the server and its
 //! other clients carry on.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TestServer, em_task};
+use crate::common::{TestServer, em_task};
 use futures_util::{SinkExt, StreamExt};
 use grove_env_server::config::ServerConfig;
 use grove_protocol::client::{Client, ClientOptions};

@@ -1,13 +1,12 @@
 //! A real server on 127.0.0.1:0 over the shared wiki-18 fixture, and clients for it.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use grove_env_server::Backends;
 use grove_env_server::config::ServerConfig;
 use grove_env_server::search::LocalIndex;
-use grove_env_server::{Backends, run};
+use grove_env_server::testkit::LocalServer;
 use grove_protocol::TaskSpec;
 use grove_protocol::client::{Client, ClientOptions};
 
@@ -15,15 +14,16 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures").join(name)
 }
 
+/// A [`LocalServer`] on the test's runtime, with the BM25 index it searches (when it does) and
+/// the folder that holds its corpus.
 pub struct TestServer {
-    pub addr: std::net::SocketAddr,
     pub index: LocalIndex,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: Option<tokio::task::JoinHandle<Result<(), grove_env_server::net::ServerError>>>,
+    server: LocalServer,
     _dir: tempfile::TempDir,
 }
 
 impl TestServer {
+    /// BM25 over a copy of the fixture corpus.
     pub async fn start(config: ServerConfig) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.jsonl");
@@ -38,21 +38,16 @@ impl TestServer {
         index: LocalIndex,
         dir: tempfile::TempDir,
     ) -> TestServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(run(listener, config, backends, async {
-            let _ = rx.await;
-        }));
-        TestServer { addr, index, stop: Some(tx), handle: Some(handle), _dir: dir }
+        let server = LocalServer::start_with(config, backends).await.unwrap();
+        TestServer { index, server, _dir: dir }
     }
 
     pub fn url(&self) -> String {
-        format!("ws://{}/", self.addr)
+        self.server.url()
     }
 
     pub fn http(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        self.server.http(path)
     }
 
     pub async fn client(&self) -> Client {
@@ -60,13 +55,8 @@ impl TestServer {
     }
 
     /// Stop the server and wait for it to finish cleanly.
-    pub async fn shutdown(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(h) = self.handle.take() {
-            tokio::time::timeout(std::time::Duration::from_secs(10), h).await.unwrap().unwrap().unwrap();
-        }
+    pub async fn shutdown(self) {
+        self.server.shutdown().await.unwrap();
     }
 }
 
