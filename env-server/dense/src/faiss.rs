@@ -332,8 +332,20 @@ impl FlatIndex {
                 }
             }
             Storage::F16 => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                // In bulk, through `half`'s slice conversion (F16C where the CPU has it, checked
+                // at run time): widening one value at a time in software made a one-query search
+                // of a million vectors 4x slower than on the f32 file. The bytes are copied into
+                // an aligned buffer first (rows start at an odd offset in the file).
+                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+                const CHUNK: usize = 1024;
+                let mut bits = [0u16; CHUNK];
+                for (o, b) in out.chunks_mut(CHUNK).zip(bytes.chunks(2 * CHUNK)) {
+                    let bits = &mut bits[..o.len()];
+                    for (x, b) in bits.iter_mut().zip(b.chunks_exact(2)) {
+                        *x = u16::from_le_bytes([b[0], b[1]]);
+                    }
+                    let halves: &[half::f16] = bits.reinterpret_cast();
+                    halves.convert_to_f32_slice(o);
                 }
             }
         }
