@@ -5,14 +5,13 @@
 
 mod assets;
 mod bench;
-mod chromium;
+mod debian;
 mod demo;
 mod experiment;
 mod fuzz;
 mod gpu;
 mod libtorch;
 mod python;
-mod redis;
 mod soak;
 mod tidy;
 mod util;
@@ -139,13 +138,13 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     phase("python venv", &mut || python::ensure_venv(&venv))?;
     let mut redis_server = PathBuf::new();
     phase("redis-server", &mut || {
-        redis_server = redis::ensure()?;
+        redis_server = debian::ensure(&debian::REDIS_SERVER)?;
         println!("redis-server: {}", redis_server.display());
         Ok(())
     })?;
     let mut chromium = PathBuf::new();
     phase("chromium", &mut || {
-        chromium = chromium::ensure()?;
+        chromium = debian::ensure(&debian::CHROMIUM)?;
         println!("chromium: {}", chromium.display());
         Ok(())
     })?;
