@@ -9,9 +9,10 @@
 //! their construction from a configuration; `testkit` (feature `testkit`, for tests only) scripted
 //! loopback servers, redis-server, a cutting proxy, and env-servers in-process or as processes.
 //!
-//! Architecture invariants: this crate never links libtorch; the ECS core does no I/O (sockets
-//! and HTTP live in the net layer, search backends sit behind a trait and are called outside the
-//! systems).
+//! Architecture invariants: without the `dense` feature this crate never links libtorch; the
+//! library needs none of the binary's dependencies (clap, progress bars, the protocol client:
+//! the default `cli` feature); the ECS core does no I/O (sockets and HTTP live in the net layer,
+//! search backends sit behind a trait and are called outside the systems).
 
 pub mod backends;
 pub mod cache;

@@ -57,7 +57,8 @@ impl Default for CacheConfig {
 }
 
 /// Where cached entries live.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum CacheStoreKind {
     /// A SQLite file (WAL), shareable between processes on one host.
@@ -70,7 +71,8 @@ pub enum CacheStoreKind {
 }
 
 /// How the cache is used by the wrappers around providers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum CacheMode {
     /// Look up first; on a miss call the provider and store its answer.

@@ -147,7 +147,8 @@ pub trait PageTool: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// How search results are written into the agent's context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum RenderFormat {
     /// Search-R1: `Doc i(Title: …) text`.

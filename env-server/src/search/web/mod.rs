@@ -25,7 +25,8 @@ use super::{EachFuture, Hit, RenderFormat, SearchBackend, SearchError, SearchFut
 pub use providers::parse_response;
 
 /// A web search provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Provider {
     Serper,
@@ -292,6 +293,7 @@ mod tests {
     fn provider_names_and_config_defaults() {
         for p in [Provider::Serper, Provider::Serpapi, Provider::Brave, Provider::Tavily, Provider::Searxng] {
             assert_eq!(serde_json::to_value(p).unwrap(), json!(p.name()));
+            #[cfg(feature = "cli")]
             assert_eq!(<Provider as clap::ValueEnum>::from_str(p.name(), false).unwrap(), p);
             assert_eq!(p.default_endpoint().is_none(), p == Provider::Searxng);
             assert_eq!(p.default_key_env().is_none(), p == Provider::Searxng);
