@@ -2,7 +2,8 @@
 //! one JSON line per recorded prompt ([`PromptTrees`]), gzip-compressed, each line carrying the
 //! format's [`TREES_VERSION`]. Per node: the turn's action text and parsed tool call (query or
 //! answer), the observation the env answered with, token counts, the env episode it ran in
-//! (a child in another episode than its parent was forked there); per leaf: the reward and its
+//! (a child in another episode than its parent was forked there) and the engine sequence kept
+//! for expansions there; per leaf: the reward and its
 //! parts, and for the leaves that trained, the advantage with its inter- and intra-tree parts.
 //! Chain runs record their chains the same way (trees without branch points).
 
@@ -69,6 +70,10 @@ pub struct NodeRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub episode: Option<u64>,
     pub env_step: u32,
+    /// The generation engine's sequence that held the state right after this turn, kept so the
+    /// tree could expand here (a fork point on the engine side, as `episode` is on the env's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<u64>,
     /// The tool call failed on the server (its error code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_error: Option<String>,

@@ -103,6 +103,7 @@ fn nodes(
                 rec.observation_tokens = s.observation.len();
                 rec.episode = s.episode;
                 rec.env_step = s.env_step;
+                rec.snapshot = s.snapshot;
                 rec.tool_error = s.tool_error.map(|c| c.name().to_string());
                 rec.failure = s.failure.as_ref().map(|f| f.key());
                 if n.is_leaf {

@@ -77,6 +77,11 @@ fn train_resume_and_eval_from_the_command_line() {
             if n.id > 0 {
                 assert!(!n.kind.is_empty() && n.tokens > 0, "{n:?}");
             }
+            // A branch point below the root: the env forked its episode and the engine kept a
+            // snapshot there to expand from.
+            if n.id > 0 && n.children.len() > 1 {
+                assert!(n.snapshot.is_some() && n.episode.is_some(), "{n:?}");
+            }
             if let Some(leaf) = n.leaf.as_ref().filter(|l| l.kept) {
                 kept += 1;
                 let (a, inter, intra) =
