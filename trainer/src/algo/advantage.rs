@@ -24,6 +24,16 @@ pub enum Estimator {
 impl Estimator {
     pub const ALL: [Estimator; 4] = [Estimator::Grpo, Estimator::Tree, Estimator::TreeIntra, Estimator::TreeInter];
 
+    /// Which normalised parts the advantage sums: (within the prompt group "inter", within the
+    /// tree "intra").
+    pub fn parts(&self) -> (bool, bool) {
+        match self {
+            Estimator::Grpo | Estimator::TreeInter => (true, false),
+            Estimator::TreeIntra => (false, true),
+            Estimator::Tree => (true, true),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Estimator::Grpo => "grpo",
@@ -87,10 +97,10 @@ where
     P: std::hash::Hash + Eq + Copy,
     T: std::hash::Hash + Eq + Copy,
 {
-    match estimator {
-        Estimator::Grpo | Estimator::TreeInter => normalise(rewards, prompt),
-        Estimator::TreeIntra => normalise(rewards, tree),
-        Estimator::Tree => {
+    match estimator.parts() {
+        (true, false) => normalise(rewards, prompt),
+        (false, true) => normalise(rewards, tree),
+        _ => {
             let inter = normalise(rewards, prompt);
             let intra = normalise(rewards, tree);
             inter.iter().zip(&intra).map(|(a, b)| a + b).collect()

@@ -233,16 +233,35 @@ pub fn train_step(
 /// One advantage per row: the estimator over the rows that train (a refused row joins no group
 /// and gets 0, and is masked out of the loss anyway).
 pub fn row_advantages(rows: &[TrainingRow], estimator: Estimator) -> Vec<f64> {
-    let trained: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].trains()).collect();
-    let rewards: Vec<f64> = trained.iter().map(|&i| rows[i].reward).collect();
-    let prompt: Vec<usize> = trained.iter().map(|&i| rows[i].prompt_group).collect();
-    let tree: Vec<usize> = trained.iter().map(|&i| rows[i].tree_group).collect();
-    let adv = advantages(&rewards, &prompt, &tree, estimator);
+    let g = TrainedGroups::of(rows);
+    let adv = advantages(&g.rewards, &g.prompt, &g.tree, estimator);
     let mut out = vec![0.0; rows.len()];
-    for (&i, a) in trained.iter().zip(adv) {
+    for (&i, a) in g.rows.iter().zip(adv) {
         out[i] = a;
     }
     out
+}
+
+/// The rows that train (a refused row joins no group), with their rewards and group ids in that
+/// order: what the advantage estimators read.
+pub(crate) struct TrainedGroups {
+    /// Indices into the step's rows.
+    pub rows: Vec<usize>,
+    pub rewards: Vec<f64>,
+    pub prompt: Vec<usize>,
+    pub tree: Vec<usize>,
+}
+
+impl TrainedGroups {
+    pub fn of(rows: &[TrainingRow]) -> Self {
+        let trained: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].trains()).collect();
+        TrainedGroups {
+            rewards: trained.iter().map(|&i| rows[i].reward).collect(),
+            prompt: trained.iter().map(|&i| rows[i].prompt_group).collect(),
+            tree: trained.iter().map(|&i| rows[i].tree_group).collect(),
+            rows: trained,
+        }
+    }
 }
 
 /// Fraction of prompt groups whose rows all carry the same reward (their advantages are 0).

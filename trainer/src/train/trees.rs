@@ -125,15 +125,11 @@ fn nodes(
 /// Give each recorded kept leaf its advantage (`advantages`, one per row, as the update used
 /// them) and the inter- and intra-tree parts of it, normalised over the rows that train.
 pub fn fill_advantages(trees: &mut [PromptTrees], rows: &[TrainingRow], advantages: &[f64], estimator: Estimator) {
-    let trained: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].trains()).collect();
-    let rewards: Vec<f64> = trained.iter().map(|&i| rows[i].reward).collect();
-    let prompt: Vec<usize> = trained.iter().map(|&i| rows[i].prompt_group).collect();
-    let tree: Vec<usize> = trained.iter().map(|&i| rows[i].tree_group).collect();
-    let (inter, intra) = (normalise(&rewards, &prompt), normalise(&rewards, &tree));
-    let uses_inter = matches!(estimator, Estimator::Grpo | Estimator::Tree | Estimator::TreeInter);
-    let uses_intra = matches!(estimator, Estimator::Tree | Estimator::TreeIntra);
+    let g = crate::train::step::TrainedGroups::of(rows);
+    let (inter, intra) = (normalise(&g.rewards, &g.prompt), normalise(&g.rewards, &g.tree));
+    let (uses_inter, uses_intra) = estimator.parts();
     let mut by_leaf: HashMap<(usize, usize), (f64, f64, f64)> = HashMap::new();
-    for (j, &i) in trained.iter().enumerate() {
+    for (j, &i) in g.rows.iter().enumerate() {
         let a = advantages.get(i).copied().unwrap_or(0.0);
         by_leaf.insert((rows[i].tree_group, rows[i].leaf), (a, inter[j], intra[j]));
     }
