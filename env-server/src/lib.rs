@@ -26,3 +26,12 @@ pub mod testkit;
 
 pub use backends::Backends;
 pub use net::run;
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): the one logging set-up of this crate's
+/// programs (`env-server`, `env-server-soak`).
+#[cfg(feature = "cli")]
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

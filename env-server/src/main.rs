@@ -215,13 +215,7 @@ struct ServeArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    grove_env_server::init_logging();
     let cli = Cli::parse();
     grove_env_server::metrics::report_heap_bytes(alloc_counter::allocated);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -154,13 +154,7 @@ fn task(question: &str) -> TaskSpec {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    grove_env_server::init_logging();
     let args = SoakArgs::parse();
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run_soak(args))
 }
