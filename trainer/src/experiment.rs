@@ -11,7 +11,10 @@
 //! - per budget, the **paired difference** tree − chain of held-out EM per seed, with its 95%
 //!   confidence interval (Student t), per hop count and overall;
 //! - every finished run is kept in its own run folder and **reused** when the command runs
-//!   again with the same settings, so the experiment resumes where it stopped.
+//!   again with the same settings, so the experiment resumes where it stopped; with `record`,
+//!   what reuse reads (each run's configuration, metrics and evaluations, the start's evaluation)
+//!   is also copied into a folder that can be committed, and read back from there, so that an
+//!   experiment longer than one session resumes on another machine.
 //!
 //! Writes `table.md`, `results.json` (everything, per step), and per regime the curves of held-out
 //! EM, training reward and the fraction of zero-advantage groups.
@@ -123,6 +126,12 @@ pub struct ExperimentConfig {
     pub regimes: Vec<Regime>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr_sweep: Option<LrSweep>,
+    /// A folder mirroring `train.out_dir` that keeps, of every finished run, what reuse reads
+    /// (`config.toml`, `metrics.jsonl`, `eval-*.json`; no checkpoint) and each regime's
+    /// `start.json`: restored into `out_dir` where a run folder is missing, written as each run
+    /// finishes. Where it lives is not a setting of the experiment, so it is not written back.
+    #[serde(skip_serializing)]
+    pub record: Option<PathBuf>,
 }
 
 impl Default for ExperimentConfig {
@@ -137,6 +146,7 @@ impl Default for ExperimentConfig {
                 .collect(),
             regimes: Vec::new(),
             lr_sweep: None,
+            record: None,
         }
     }
 }
@@ -268,10 +278,13 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
         let dir = out.join(&regime.name);
         let mut train = cfg.train.clone();
         train.model = regime.model.clone();
+        let record = Record { out: &out, root: cfg.record.as_deref() };
+        record.restore(&dir.join("start.json"))?;
         let start = evaluate_start(&train, &dir.join("start.json"), progress)
             .with_context(|| format!("regime {}: the starting checkpoint", regime.name))?;
+        record.keep(&dir.join("start.json"))?;
         let sweep = match &cfg.lr_sweep {
-            Some(s) => Some(run_sweep(cfg, s, &train, &dir.join("sweep"), &regime.name, progress)?),
+            Some(s) => Some(run_sweep(cfg, s, &train, &dir.join("sweep"), &regime.name, record, progress)?),
             None => None,
         };
         let lr = sweep.as_ref().map_or(train.lr, |s| s.chosen);
@@ -286,7 +299,7 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
                 t.out_dir = dir.join(slug(&arm.label())).join(format!("seed-{seed}"));
                 t.eval_before = false;
                 let label = format!("{} {} seed {seed}", regime.name, arm.label());
-                let summary = run_or_reuse(&t, &label, progress)?;
+                let summary = run_or_reuse(&t, &label, record, progress)?;
                 if progress {
                     let em = summary.evals.last().map_or(0.0, EvalPoint::greedy_all);
                     eprintln!("{label}: held-out EM {em:.3}");
@@ -311,6 +324,7 @@ fn run_sweep(
     train: &TrainConfig,
     dir: &Path,
     regime: &str,
+    record: Record<'_>,
     progress: bool,
 ) -> Result<SweepResult> {
     let judged = ((train.steps as f64 * s.judge_last).ceil() as u64).clamp(1, train.steps.max(1));
@@ -328,7 +342,7 @@ fn run_sweep(
                 t.eval_before = false;
                 t.out_dir = dir.join(format!("lr-{lr:e}")).join(slug(&arm.label())).join(format!("seed-{seed}"));
                 let label = format!("{regime} sweep lr {lr:e} {} seed {seed}", arm.label());
-                let summary = run_or_reuse(&t, &label, progress)?;
+                let summary = run_or_reuse(&t, &label, record, progress)?;
                 let tail: Vec<f64> =
                     summary.metrics.iter().filter(|m| m.step + judged >= train.steps).map(|m| m.reward_mean).collect();
                 judged_rewards.push(mean_std(&tail).0);
@@ -362,8 +376,11 @@ fn settings_of(cfg: &TrainConfig) -> TrainConfig {
 /// Run `cfg`, or read the run back when its folder holds a finished run of the same settings.
 /// A finished run of other settings is an error (nothing is overwritten); an unfinished one is
 /// started again.
-fn run_or_reuse(cfg: &TrainConfig, label: &str, progress: bool) -> Result<RunSummary> {
+fn run_or_reuse(cfg: &TrainConfig, label: &str, record: Record<'_>, progress: bool) -> Result<RunSummary> {
     let run = RunDir::new(&cfg.out_dir);
+    if !run.config_path().exists() {
+        record.restore_run(&cfg.out_dir)?;
+    }
     if run.config_path().exists() {
         let existing = TrainConfig::from_file(&run.config_path())?;
         let metrics = run.metrics()?;
@@ -380,6 +397,7 @@ fn run_or_reuse(cfg: &TrainConfig, label: &str, progress: bool) -> Result<RunSum
             if progress {
                 eprintln!("{label}: reusing the finished run in {}", cfg.out_dir.display());
             }
+            record.keep_run(&cfg.out_dir)?;
             return Ok(RunSummary { metrics, evals: run.evals()?, out_dir: cfg.out_dir.clone() });
         }
         if progress {
@@ -388,7 +406,97 @@ fn run_or_reuse(cfg: &TrainConfig, label: &str, progress: bool) -> Result<RunSum
         std::fs::remove_dir_all(&cfg.out_dir).with_context(|| format!("remove {}", cfg.out_dir.display()))?;
     }
     let opts = RunOptions { resume: false, progress, label: label.to_string() };
-    crate::train::run(cfg, &opts).with_context(|| label.to_string())
+    let summary = crate::train::run(cfg, &opts).with_context(|| label.to_string())?;
+    record.keep_run(&cfg.out_dir)?;
+    Ok(summary)
+}
+
+/// The experiment's `record` folder (see [`ExperimentConfig::record`]): paths under `out` map to
+/// the same relative paths under `root`. Without a root every method does nothing.
+#[derive(Debug, Clone, Copy)]
+struct Record<'a> {
+    out: &'a Path,
+    root: Option<&'a Path>,
+}
+
+impl Record<'_> {
+    fn mirror(&self, path: &Path) -> Result<Option<PathBuf>> {
+        let Some(root) = self.root else { return Ok(None) };
+        let rel = path
+            .strip_prefix(self.out)
+            .with_context(|| format!("{} is not under the output folder {}", path.display(), self.out.display()))?;
+        Ok(Some(root.join(rel)))
+    }
+
+    /// Copy the recorded file over `path` when `path` is missing.
+    fn restore(&self, path: &Path) -> Result<()> {
+        match self.mirror(path)? {
+            Some(kept) if kept.exists() && !path.exists() => copy_file(&kept, path),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copy `path` into the record (replacing what was there).
+    fn keep(&self, path: &Path) -> Result<()> {
+        match self.mirror(path)? {
+            Some(kept) => copy_file(path, &kept),
+            None => Ok(()),
+        }
+    }
+
+    /// The files of a run folder that reuse reads; the configuration last, so that a record
+    /// interrupted while being written holds no configuration and so no run.
+    fn run_files(dir: &Path) -> Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        if dir.exists() {
+            for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+                let path = entry?.path();
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                let evaluation = name.starts_with("eval-") && name.ends_with(".json");
+                if path.is_file() && (evaluation || name == "metrics.jsonl") {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        files.push(RunDir::new(dir).config_path());
+        Ok(files)
+    }
+
+    /// Fill a missing run folder from the record, when the record holds that run.
+    fn restore_run(&self, dir: &Path) -> Result<()> {
+        let Some(kept) = self.mirror(dir)? else { return Ok(()) };
+        if !RunDir::new(&kept).config_path().exists() {
+            return Ok(());
+        }
+        for file in Self::run_files(&kept)? {
+            let name = file.file_name().context("a recorded file has no name")?;
+            copy_file(&file, &dir.join(name))?;
+        }
+        Ok(())
+    }
+
+    /// Copy a finished run's configuration, metrics and evaluations into the record.
+    fn keep_run(&self, dir: &Path) -> Result<()> {
+        let Some(kept) = self.mirror(dir)? else { return Ok(()) };
+        // What a finished run of other settings left there must not mix with this one's files.
+        if kept.exists() {
+            std::fs::remove_dir_all(&kept).with_context(|| format!("remove {}", kept.display()))?;
+        }
+        for file in Self::run_files(dir)? {
+            let name = file.file_name().context("a run file has no name")?;
+            copy_file(&file, &kept.join(name))?;
+        }
+        Ok(())
+    }
+}
+
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    std::fs::copy(from, to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+    Ok(())
 }
 
 /// The starting checkpoint on the held-out questions, evaluated once and kept in `path`.
@@ -605,6 +713,81 @@ pub fn comparisons(cfg: &ExperimentConfig, r: &RegimeResults) -> Vec<Comparison>
     out
 }
 
+/// Whether an arm's curves have flattened by its last evaluation, by the rule the 2026-12-06
+/// follow-up fixed in advance: the mean over seeds of held-out EM moves by less than
+/// [`FLAT_EM`] between the last two evaluations, **and** the 95% interval over seeds of the
+/// change in mean training reward between the last two blocks of `eval_every` steps contains 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Flatness {
+    pub label: String,
+    /// The two evaluation steps compared (the last two).
+    pub steps: (u64, u64),
+    /// Mean over seeds of the held-out EM change between them.
+    pub em_change: f64,
+    /// Per seed, mean training reward over the last block of steps minus the block before
+    /// (blocks of `eval_every` steps, 1-based `steps.0 - eval_every + 1 ..= steps.0` against
+    /// `steps.0 + 1 ..= steps.1`), with its interval over seeds.
+    pub reward_change: PairedDiff,
+    pub flat: bool,
+}
+
+/// A change of mean held-out EM smaller than this between the last two evaluations counts as flat.
+pub const FLAT_EM: f64 = 0.01;
+
+/// The flatness of each arm of a regime; none for an arm with fewer than two evaluations.
+pub fn flatness(cfg: &ExperimentConfig, r: &RegimeResults) -> Vec<Flatness> {
+    let mut out = Vec::new();
+    for arm in &cfg.arms {
+        let label = arm.label();
+        let runs: Vec<&ArmRun> = r.runs.iter().filter(|x| x.arm == label).collect();
+        let Some(first) = runs.first() else { continue };
+        let evals: Vec<u64> = first.summary.evals.iter().map(|p| p.step).collect();
+        let [.., a, b] = evals[..] else { continue };
+        let em: Vec<f64> =
+            runs.iter().filter_map(|x| Some(em_at(x, Some(b), "all")? - em_at(x, Some(a), "all")?)).collect();
+        let em_change = mean_std(&em).0;
+        // Metrics count steps from 0: 1-based step s is metric step s - 1.
+        let block = |x: &ArmRun, lo: u64, hi: u64| {
+            let v: Vec<f64> =
+                x.summary.metrics.iter().filter(|m| m.step + 1 >= lo && m.step < hi).map(|m| m.reward_mean).collect();
+            mean_std(&v).0
+        };
+        let width = b - a;
+        let reward: Vec<f64> =
+            runs.iter().map(|x| block(x, a + 1, b) - block(x, (a + 1).saturating_sub(width), a)).collect();
+        let reward_change = PairedDiff::of(&reward);
+        let flat = em_change.abs() < FLAT_EM && reward_change.lo <= 0.0 && reward_change.hi >= 0.0;
+        out.push(Flatness { label, steps: (a, b), em_change, reward_change, flat });
+    }
+    out
+}
+
+/// Per evaluation step and held-out source, the paired difference tree − chain of one comparison.
+fn diffs_by_step(r: &RegimeResults, c: &Comparison) -> Vec<(u64, BTreeMap<String, PairedDiff>)> {
+    let pairs: Vec<(&ArmRun, &ArmRun)> = r
+        .runs
+        .iter()
+        .filter(|x| x.arm == c.tree)
+        .filter_map(|t| r.runs.iter().find(|x| x.arm == c.chain && x.seed == t.seed).map(|x| (t, x)))
+        .collect();
+    c.by_step
+        .iter()
+        .map(|(step, _)| {
+            let per = sources(r)
+                .into_iter()
+                .map(|s| {
+                    let d: Vec<f64> = pairs
+                        .iter()
+                        .filter_map(|(t, x)| Some(em_at(t, Some(*step), &s)? - em_at(x, Some(*step), &s)?))
+                        .collect();
+                    (s, PairedDiff::of(&d))
+                })
+                .collect();
+            (*step, per)
+        })
+        .collect()
+}
+
 fn fmt_diff(d: &PairedDiff) -> String {
     if d.n < 2 {
         return format!("{:+.3} (n={})", d.mean, d.n);
@@ -698,8 +881,95 @@ pub fn format_table(results: &ExperimentResults) -> String {
             s.push('\n');
         }
         s.push('\n');
+        format_by_step(&mut s, cfg, r, &srcs);
     }
     s
+}
+
+/// Per evaluation step: each arm's mean held-out EM over seeds, the paired differences per
+/// source, and each arm's flatness by the rule of [`flatness`].
+fn format_by_step(s: &mut String, cfg: &ExperimentConfig, r: &RegimeResults, srcs: &[String]) {
+    let comps = comparisons(cfg, r);
+    if comps.iter().all(|c| c.by_step.len() < 2) {
+        return;
+    }
+    s.push_str("Held-out EM (all) by evaluation step, mean ± sd over seeds:\n\n| method |");
+    let steps: Vec<u64> = comps.iter().flat_map(|c| c.by_step.iter().map(|(k, _)| *k)).collect();
+    let mut steps = steps;
+    steps.sort_unstable();
+    steps.dedup();
+    let _ = write!(s, " 0 (start) |");
+    for k in &steps {
+        let _ = write!(s, " {k} |");
+    }
+    s.push_str("\n|---|---|");
+    for _ in &steps {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    for arm in &cfg.arms {
+        let label = arm.label();
+        let _ = write!(s, "| {label} | {:.3} |", score(&r.start.greedy, "all"));
+        for k in &steps {
+            let v: Vec<f64> =
+                r.runs.iter().filter(|x| x.arm == label).filter_map(|x| em_at(x, Some(*k), "all")).collect();
+            let (m, sd) = mean_std(&v);
+            let _ = write!(s, " {m:.3} ± {sd:.3} |");
+        }
+        s.push('\n');
+    }
+    for c in &comps {
+        let _ = write!(
+            s,
+            "\nPaired difference {} − {} of held-out EM by evaluation step, mean [95% CI] (wins/losses):\n\n| step | pairs |",
+            c.tree, c.chain
+        );
+        for src in srcs {
+            let _ = write!(s, " {src} |");
+        }
+        s.push_str("\n|---|---|");
+        for _ in srcs {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for (step, per) in diffs_by_step(r, c) {
+            let n = per.get("all").map_or(0, |d| d.n);
+            let _ = write!(s, "| {step} | {n} |");
+            for src in srcs {
+                match per.get(src) {
+                    Some(d) => {
+                        let _ = write!(s, " {} ({}/{}) |", fmt_diff(d), d.wins, d.losses);
+                    }
+                    None => s.push_str(" - |"),
+                }
+            }
+            s.push('\n');
+        }
+    }
+    let flat = flatness(cfg, r);
+    if flat.is_empty() {
+        return;
+    }
+    let _ = write!(
+        s,
+        "\nFlat by the last evaluation? Flat when mean held-out EM moves by less than {FLAT_EM} between \
+         the last two evaluations and the 95% CI over seeds of the change in mean training reward \
+         between the last two blocks of steps contains 0:\n\n| method | evaluations | EM change | \
+         training reward change [95% CI] | flat |\n|---|---|---|---|---|\n"
+    );
+    for f in &flat {
+        let _ = writeln!(
+            s,
+            "| {} | {} → {} | {:+.3} | {} | {} |",
+            f.label,
+            f.steps.0,
+            f.steps.1,
+            f.em_change,
+            fmt_diff(&f.reward_change),
+            if f.flat { "yes" } else { "no, still moving" }
+        );
+    }
+    s.push('\n');
 }
 
 /// Per evaluation step, the mean over seeds of each arm's held-out EM (the start at step 0).
@@ -786,6 +1056,62 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_record_keeps_what_reuse_reads_and_restores_it_into_an_empty_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, kept) = (tmp.path().join("out"), tmp.path().join("record"));
+        let run = out.join("strong").join("chain-n-4").join("seed-0");
+        std::fs::create_dir_all(run.join("checkpoint-40")).unwrap();
+        for (name, text) in [
+            ("config.toml", "steps = 40\n"),
+            ("metrics.jsonl", "{}\n"),
+            ("eval-10.json", "{\"a\":1}"),
+            ("eval-40.json", "{\"a\":2}"),
+            ("rollouts-3.jsonl", "big"),
+            ("checkpoint-40/model.safetensors", "weights"),
+        ] {
+            std::fs::write(run.join(name), text).unwrap();
+        }
+        std::fs::write(out.join("strong").join("start.json"), "{}").unwrap();
+        let record = Record { out: &out, root: Some(&kept) };
+        // A stale file of an earlier run in the record goes.
+        std::fs::create_dir_all(kept.join("strong/chain-n-4/seed-0")).unwrap();
+        std::fs::write(kept.join("strong/chain-n-4/seed-0/eval-20.json"), "old").unwrap();
+        record.keep_run(&run).unwrap();
+        record.keep(&out.join("strong").join("start.json")).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(kept.join("strong/chain-n-4/seed-0"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["config.toml", "eval-10.json", "eval-40.json", "metrics.jsonl"]);
+
+        // Another machine: an empty output folder is filled from the record.
+        std::fs::remove_dir_all(&out).unwrap();
+        record.restore(&out.join("strong").join("start.json")).unwrap();
+        record.restore_run(&run).unwrap();
+        assert_eq!(std::fs::read_to_string(run.join("eval-40.json")).unwrap(), "{\"a\":2}");
+        assert_eq!(std::fs::read_to_string(run.join("config.toml")).unwrap(), "steps = 40\n");
+        assert!(out.join("strong").join("start.json").exists());
+        assert!(!run.join("checkpoint-40").exists());
+        // A run the record does not hold is left to be trained.
+        let other = out.join("strong").join("tree").join("seed-0");
+        record.restore_run(&other).unwrap();
+        assert!(!other.exists());
+        // A path outside the output folder is an error, not a silent miss.
+        assert!(record.keep(&tmp.path().join("elsewhere.json")).is_err());
+        // Without a record nothing happens.
+        Record { out: &out, root: None }.keep_run(&run).unwrap();
+    }
+
+    #[test]
+    fn the_record_folder_is_read_from_the_toml_and_not_written_back() {
+        let cfg: ExperimentConfig = toml::from_str("record = \"kept\"\nseeds = [0]\n").unwrap();
+        assert_eq!(cfg.record.as_deref(), Some(Path::new("kept")));
+        assert!(!toml::to_string_pretty(&cfg).unwrap().contains("kept"));
+        assert!(toml::from_str::<ExperimentConfig>("recrod = \"kept\"\n").is_err());
+    }
+
+    #[test]
     fn paired_differences_have_t_intervals() {
         // Five pairs: mean 0.02, sd 0.01581, half-width t(4) 2.776 x sd / sqrt(5) = 0.01963.
         let d = PairedDiff::of(&[0.01, 0.02, 0.03, 0.0, 0.04]);
@@ -796,5 +1122,70 @@ mod tests {
         assert!(one.hi.is_infinite() && one.lo.is_infinite(), "one pair has no interval");
         assert_eq!(t_975(1), 12.706);
         assert!((t_975(40) - 2.021).abs() < 0.002 && (t_975(120) - 1.980).abs() < 0.002);
+    }
+
+    /// A run of 40 steps evaluated every 10, with EM `em[i]` at step 10(i+1) and training reward
+    /// `reward(step)` (1-based step).
+    fn run(arm: &str, seed: u64, em: [f64; 4], reward: impl Fn(u64) -> f64) -> ArmRun {
+        let point = |step: u64, score: f64| {
+            let mut greedy = EvalReport::new();
+            greedy.insert("all".into(), grove_rundir::SourceScore { questions: 200, score, ..Default::default() });
+            greedy.insert("hop2".into(), grove_rundir::SourceScore { questions: 100, score, ..Default::default() });
+            EvalPoint { step, greedy, sampled: None, selection: None }
+        };
+        let metrics =
+            (0..40).map(|m| StepMetrics { step: m, reward_mean: reward(m + 1), ..Default::default() }).collect();
+        let evals = em.iter().enumerate().map(|(i, e)| point(10 * (i as u64 + 1), *e)).collect();
+        ArmRun { arm: arm.into(), seed, summary: RunSummary { metrics, evals, out_dir: PathBuf::new() } }
+    }
+
+    #[test]
+    fn flatness_follows_the_rule_fixed_before_the_follow_up() {
+        let cfg = ExperimentConfig {
+            arms: vec![Arm::new(Method::chain(4)), Arm::new(Method::tree(2, 2, 1, 3))],
+            ..Default::default()
+        };
+        let (chain, tree) = (cfg.arms[0].label(), cfg.arms[1].label());
+        let mut runs = Vec::new();
+        for seed in 0..5u64 {
+            let noise = [0.01, -0.02, 0.0, 0.02, -0.01][seed as usize];
+            // Chain: EM moves 0.005 and the reward is flat after step 20 up to seed noise, whose
+            // sign flips between the blocks, so its interval straddles 0.
+            runs.push(run(&chain, seed, [0.40, 0.45, 0.470, 0.475], |s| {
+                if s <= 20 {
+                    0.3
+                } else if s <= 30 {
+                    0.5 + noise
+                } else {
+                    0.5 - noise
+                }
+            }));
+            // Tree: still climbing, by 0.03 EM and 0.05 reward in every seed.
+            runs.push(run(&tree, seed, [0.40, 0.45, 0.48, 0.51 + noise / 10.0], |s| {
+                if s <= 30 { 0.5 } else { 0.55 + noise / 10.0 }
+            }));
+        }
+        let start = run(&chain, 0, [0.3; 4], |_| 0.0).summary.evals[0].clone();
+        let r = RegimeResults {
+            regime: Regime { name: "strong".into(), model: PathBuf::new(), note: String::new() },
+            start: EvalPoint { step: 0, ..start },
+            sweep: None,
+            lr: 3e-4,
+            runs,
+        };
+        let f = flatness(&cfg, &r);
+        assert_eq!(f.len(), 2);
+        assert_eq!((f[0].label.as_str(), f[0].steps), (chain.as_str(), (30, 40)));
+        assert!((f[0].em_change - 0.005).abs() < 1e-9, "{:?}", f[0]);
+        // Per seed the change is -2 x noise: mean 0, an interval around 0.
+        assert!(f[0].reward_change.mean.abs() < 1e-9 && f[0].reward_change.lo < 0.0 && f[0].reward_change.hi > 0.0);
+        assert!(f[0].flat);
+        assert!((f[1].em_change - 0.03).abs() < 1e-9 && f[1].reward_change.lo > 0.04, "{:?}", f[1]);
+        assert!(!f[1].flat);
+
+        let table = format_table(&ExperimentResults { config: cfg, regimes: vec![r] });
+        assert!(table.contains("| 40 | 5 | +0.035 ["), "{table}");
+        assert!(table.contains(&format!("| {chain} | 30 → 40 | +0.005 |")), "{table}");
+        assert!(table.contains("no, still moving"), "{table}");
     }
 }

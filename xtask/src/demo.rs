@@ -260,6 +260,38 @@ impl Ctx {
         }
         self.trainer(&args)
     }
+
+    /// Greedy `trainer eval` of `model` on a seeded sample (seed 0) of `questions` questions of
+    /// the world's question file `data`, played as the small policy plays (the world's prompt,
+    /// 4 turns of 48 new tokens, top-1 search): writes `<out>/<json>`.
+    pub(crate) fn eval_world(&self, model: &str, env: &str, data: &str, questions: usize, json: &str) -> Result<()> {
+        let questions = questions.to_string();
+        self.trainer(&[
+            "eval",
+            "--model",
+            model,
+            "--env",
+            env,
+            "--data",
+            data,
+            "--data-source",
+            "synthetic",
+            "--prompt-template",
+            "world/prompt.txt",
+            "--max-turns",
+            "4",
+            "--max-new-tokens",
+            "48",
+            "--topk",
+            "1",
+            "--max-questions",
+            &questions,
+            "--sample-seed",
+            "0",
+            "--json",
+            json,
+        ])
+    }
 }
 
 pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
@@ -370,33 +402,8 @@ fn smollm2_learns(
         "--out",
         "smollm2-trajectories.jsonl",
     ])?;
-    let questions = args.smollm2_questions.to_string();
     let evaluate = |model: &str, json: &str| -> Result<grove_rundir::EvalReport> {
-        ctx.trainer(&[
-            "eval",
-            "--model",
-            model,
-            "--env",
-            env,
-            "--data",
-            "world/test.jsonl",
-            "--data-source",
-            "synthetic",
-            "--prompt-template",
-            "world/prompt.txt",
-            "--max-turns",
-            "4",
-            "--max-new-tokens",
-            "48",
-            "--topk",
-            "1",
-            "--max-questions",
-            &questions,
-            "--sample-seed",
-            "0",
-            "--json",
-            json,
-        ])?;
+        ctx.eval_world(model, env, "world/test.jsonl", args.smollm2_questions, json)?;
         read_eval_json(&ctx.out.join(json))
     };
     let before = evaluate(hf, "smollm2-before.json")?;

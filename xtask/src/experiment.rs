@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 use crate::demo::{Ctx, world_keys};
 use crate::util;
@@ -67,6 +67,12 @@ pub struct ExperimentArgs {
     /// Evaluate on the held-out set every this many steps (default: half the steps).
     #[arg(long)]
     pub eval_every: Option<u64>,
+    /// A folder to commit that makes the experiment resumable on another machine: it keeps the
+    /// world and the warm starts (so every run of every session starts from the same weights)
+    /// and, as each run finishes, its configuration, metrics and evaluations. What it holds is
+    /// copied into `--out` first; a file there that differs from the record is an error.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
 }
 
 /// The two budgets of the experiment: chains of 2 against trees of (1, 2, 1), chains of 4
@@ -194,7 +200,7 @@ eval_every = {eval_every}
 eval_sampled = false
 save_every = 0
 {lr}
-{regimes}{arms}"#,
+{record}{regimes}{arms}"#,
         seeds = plan.seeds,
         world = world_keys(env),
         steps = plan.steps,
@@ -203,6 +209,11 @@ save_every = 0
         lr = match args.lr {
             Some(lr) => format!("lr = {lr:e}\n"),
             None => format!("\n[lr_sweep]\nlrs = [{}]\nseeds = [1000]\njudge_last = 0.5\n", plan.lrs),
+        },
+        record = match &args.record {
+            // The trainer's run folders are under `experiment/`; the record mirrors them there.
+            Some(r) => format!("record = {}\n\n", toml_string(&r.join("experiment").display().to_string())),
+            None => String::new(),
         },
         regimes = regimes_toml(args),
         arms = budgets(args).iter().map(|b| b.arms()).collect::<Vec<_>>().join("\n"),
@@ -239,57 +250,99 @@ fn regimes_toml(args: &ExperimentArgs) -> String {
     out
 }
 
+/// A TOML basic string.
+fn toml_string(s: &str) -> String {
+    let escaped: String = s
+        .chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c => vec![c],
+        })
+        .collect();
+    format!("\"{escaped}\"")
+}
+
+/// The folders of `--out` a record keeps whole: the world and the selected warm starts.
+fn recorded_dirs(args: &ExperimentArgs) -> Vec<String> {
+    std::iter::once("world".to_string()).chain(selected(args).iter().map(|r| r.model())).collect()
+}
+
+/// Copy the regular files directly in `from` into `to`; a file already in `to` must be equal.
+fn mirror_files(from: &Path, to: &Path) -> Result<()> {
+    if !from.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("read {}", from.display()))? {
+        let src = entry?.path();
+        if !src.is_file() {
+            continue;
+        }
+        let dst = to.join(src.file_name().context("a file without a name")?);
+        if dst.exists() {
+            if util::sha256_file(&dst)? != util::sha256_file(&src)? {
+                bail!(
+                    "{} and {} differ: the output folder and the record do not hold the same experiment; move one \
+                     away",
+                    src.display(),
+                    dst.display()
+                );
+            }
+            continue;
+        }
+        std::fs::copy(&src, &dst).with_context(|| format!("copy {} to {}", src.display(), dst.display()))?;
+    }
+    Ok(())
+}
+
 /// Chain GRPO against Tree-GRPO at budgets 2 and 4, from a strong and a weak warm start.
 pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
     let plan = Plan::of(args);
+    let mut args = args.clone();
+    if let Some(r) = &args.record {
+        std::fs::create_dir_all(r).with_context(|| format!("create {}", r.display()))?;
+        args.record = Some(r.canonicalize()?);
+    }
+    let args = &args;
     let ctx = Ctx::prepare(root, &plan.out, args.release)?;
+    if let Some(record) = &args.record {
+        for dir in recorded_dirs(args) {
+            mirror_files(&record.join(&dir), &ctx.out.join(&dir))?;
+        }
+    }
     if !ctx.out.join("world/world.toml").exists() {
         util::banner("synthetic world: corpus, training and held-out 2/3-hop questions");
         let (train, test) = (plan.train_questions.to_string(), plan.test_questions.to_string());
         ctx.trainer(&["world", "--out", "world", "--train", &train, "--test", &test])?;
     }
     let server = ctx.world_server(plan.test_questions)?;
-    if !ctx.out.join("warm.jsonl").exists() {
-        util::banner("warm start: scripted agent through the env-server");
-        ctx.play(&server.url, plan.passes)?;
+    let missing: Vec<RegimeKind> =
+        selected(args).into_iter().filter(|r| !ctx.out.join(r.model()).join("model.safetensors").exists()).collect();
+    if !missing.is_empty() {
+        if !ctx.out.join("warm.jsonl").exists() {
+            util::banner("warm start: scripted agent through the env-server");
+            ctx.play(&server.url, plan.passes)?;
+        }
+        if !ctx.out.join("init/model.safetensors").exists() {
+            ctx.init_small()?;
+        }
     }
-    if !ctx.out.join("init/model.safetensors").exists() {
-        ctx.init_small()?;
-    }
-    for r in selected(args) {
+    for r in missing {
         let (name, epochs) = (r.model(), r.epochs(args));
-        if !ctx.out.join(&name).join("model.safetensors").exists() {
-            util::banner(&format!("warm start `{name}`: {}", r.note(args)));
-            ctx.sft_small_sample(&name, epochs, r.trajectories(args))?;
+        util::banner(&format!("warm start `{name}`: {}", r.note(args)));
+        ctx.sft_small_sample(&name, epochs, r.trajectories(args))?;
+    }
+    if let Some(record) = &args.record {
+        for dir in recorded_dirs(args) {
+            mirror_files(&ctx.out.join(&dir), &record.join(&dir))?;
         }
     }
     if args.check_starts {
         for r in selected(args) {
             let name = r.model();
             util::banner(&format!("`{name}`: greedy EM on 100 training questions (sample seed 0)"));
-            ctx.trainer(&[
-                "eval",
-                "--model",
-                &name,
-                "--env",
-                &server.url,
-                "--data",
-                "world/train.jsonl",
-                "--data-source",
-                "synthetic",
-                "--prompt-template",
-                "world/prompt.txt",
-                "--max-turns",
-                "4",
-                "--max-new-tokens",
-                "48",
-                "--topk",
-                "1",
-                "--max-questions",
-                "100",
-                "--json",
-                &format!("{name}-train-check.json"),
-            ])?;
+            ctx.eval_world(&name, &server.url, "world/train.jsonl", 100, &format!("{name}-train-check.json"))?;
         }
         return Ok(());
     }
@@ -302,4 +355,31 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
         names.join(" and ")
     ));
     ctx.trainer(&["experiment", "--config", "experiment.toml"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_folders_fill_the_output_and_refuse_a_different_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(a.join("sub")).unwrap();
+        std::fs::write(a.join("model.safetensors"), "weights").unwrap();
+        std::fs::write(a.join("sub/ignored"), "x").unwrap();
+        mirror_files(&a, &b).unwrap();
+        assert_eq!(std::fs::read_to_string(b.join("model.safetensors")).unwrap(), "weights");
+        assert!(!b.join("sub").exists(), "only the folder's own files");
+        mirror_files(&a, &b).unwrap();
+        std::fs::write(b.join("model.safetensors"), "other weights").unwrap();
+        let err = mirror_files(&a, &b).unwrap_err().to_string();
+        assert!(err.contains("differ"), "{err}");
+        mirror_files(&tmp.path().join("missing"), &b).unwrap();
+    }
+
+    #[test]
+    fn toml_strings_escape_quotes_and_backslashes() {
+        assert_eq!(toml_string(r#"C:\runs "x""#), r#""C:\\runs \"x\"""#);
+    }
 }
