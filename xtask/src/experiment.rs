@@ -177,7 +177,7 @@ fn config(env: &str, plan: &Plan, args: &ExperimentArgs) -> String {
     format!(
         r#"# Written by `cargo xtask experiment`.
 seeds = [{seeds}]
-
+{record}
 [train]
 model = "{first}"
 {world}
@@ -200,7 +200,7 @@ eval_every = {eval_every}
 eval_sampled = false
 save_every = 0
 {lr}
-{record}{regimes}{arms}"#,
+{regimes}{arms}"#,
         seeds = plan.seeds,
         world = world_keys(env),
         steps = plan.steps,
@@ -212,7 +212,7 @@ save_every = 0
         },
         record = match &args.record {
             // The trainer's run folders are under `experiment/`; the record mirrors them there.
-            Some(r) => format!("record = {}\n\n", toml_string(&r.join("experiment").display().to_string())),
+            Some(r) => format!("record = {}\n", toml_string(&r.join("experiment").display().to_string())),
             None => String::new(),
         },
         regimes = regimes_toml(args),
@@ -376,6 +376,23 @@ mod tests {
         let err = mirror_files(&a, &b).unwrap_err().to_string();
         assert!(err.contains("differ"), "{err}");
         mirror_files(&tmp.path().join("missing"), &b).unwrap();
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ExperimentArgs,
+    }
+
+    #[test]
+    fn the_record_is_a_top_level_key_of_the_experiment_toml() {
+        use clap::Parser;
+        let cli = Cli::parse_from(["experiment", "--record", "/kept", "--regime", "strong", "--lr", "3e-4"]);
+        let toml = config("ws://127.0.0.1:1/", &Plan::of(&cli.args), &cli.args);
+        let (record, first_table) = (toml.find("record = \"/kept/experiment\"\n").unwrap(), toml.find("\n[").unwrap());
+        assert!(record < first_table, "a key after a table header belongs to that table:\n{toml}");
+        let cli = Cli::parse_from(["experiment"]);
+        assert!(!config("ws://127.0.0.1:1/", &Plan::of(&cli.args), &cli.args).contains("record"));
     }
 
     #[test]
