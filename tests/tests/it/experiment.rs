@@ -54,6 +54,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         arms: vec![Arm::new(Method::chain(2)), Arm::new(Method::tree(1, 2, 1, 3))],
         regimes: vec![Regime { name: "start".into(), model, note: "random init".into() }],
         lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
+        record: Some(dir.path().join("record")),
     };
     let results = run_experiment(&cfg, false).unwrap();
     let regime = &results.regimes[0];
@@ -129,6 +130,16 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let again = run_experiment(&cfg, false).unwrap();
     assert_eq!(again.regimes, results.regimes);
     assert_eq!(stamp(&metrics), before, "a finished run is reused");
+    // Another machine: an empty output folder and the committed record. Every run and the
+    // start's evaluation come back from the record; nothing is trained or evaluated again
+    // (a trained run would also write its rollout trees).
+    let kept = dir.path().join("record").join("start/tree-1-2-1/seed-1");
+    assert!(kept.join("metrics.jsonl").exists() && !kept.join("trees-0.jsonl.gz").exists());
+    std::fs::rename(&out, dir.path().join("exp-first-machine")).unwrap();
+    let restored = run_experiment(&cfg, false).unwrap();
+    assert_eq!(restored.regimes, results.regimes);
+    assert!(metrics.exists() && !out.join("start/tree-1-2-1/seed-1/trees-0.jsonl.gz").exists());
+    assert!(out.join(format!("start/sweep/lr-{:e}/chain-n-2/seed-7/metrics.jsonl", 1e-3)).exists());
     // An unfinished run is started again; a finished run of other settings is refused.
     std::fs::remove_file(out.join("start/chain-n-2/seed-1/eval-1.json")).unwrap();
     let again = run_experiment(&cfg, false).unwrap();
