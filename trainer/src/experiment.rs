@@ -444,32 +444,13 @@ impl Record<'_> {
         }
     }
 
-    /// The files of a run folder that reuse reads; the configuration last, so that a record
-    /// interrupted while being written holds no configuration and so no run.
-    fn run_files(dir: &Path) -> Result<Vec<PathBuf>> {
-        let mut files = Vec::new();
-        if dir.exists() {
-            for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
-                let path = entry?.path();
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                let evaluation = name.starts_with("eval-") && name.ends_with(".json");
-                if path.is_file() && (evaluation || name == "metrics.jsonl") {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
-        files.push(RunDir::new(dir).config_path());
-        Ok(files)
-    }
-
     /// Fill a missing run folder from the record, when the record holds that run.
     fn restore_run(&self, dir: &Path) -> Result<()> {
         let Some(kept) = self.mirror(dir)? else { return Ok(()) };
         if !RunDir::new(&kept).config_path().exists() {
             return Ok(());
         }
-        for file in Self::run_files(&kept)? {
+        for file in RunDir::new(&kept).summary_files()? {
             let name = file.file_name().context("a recorded file has no name")?;
             copy_file(&file, &dir.join(name))?;
         }
@@ -483,7 +464,7 @@ impl Record<'_> {
         if kept.exists() {
             std::fs::remove_dir_all(&kept).with_context(|| format!("remove {}", kept.display()))?;
         }
-        for file in Self::run_files(dir)? {
+        for file in RunDir::new(dir).summary_files()? {
             let name = file.file_name().context("a run file has no name")?;
             copy_file(&file, &kept.join(name))?;
         }
@@ -858,32 +839,49 @@ pub fn format_table(results: &ExperimentResults) -> String {
                 row.tool_calls_per_prompt
             );
         }
-        s.push_str("\nPaired difference tree − chain of final held-out EM, mean [95% CI] over seeds (wins/losses):\n\n| budget | tree | chain | pairs |");
-        for src in &srcs {
-            let _ = write!(s, " {src} |");
-        }
-        s.push_str("\n|---|---|---|---|");
-        for _ in &srcs {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        s.push_str(
+            "\nPaired difference tree − chain of final held-out EM, mean [95% CI] over seeds (wins/losses):\n\n",
+        );
+        table_header(&mut s, &["budget", "tree", "chain", "pairs"], &srcs);
         for c in comparisons(cfg, r) {
             let n = c.diff.get("all").map_or(0, |d| d.n);
             let _ = write!(s, "| ≈{} | {} | {} | {n} |", c.budget, c.tree, c.chain);
-            for src in &srcs {
-                match c.diff.get(src) {
-                    Some(d) => {
-                        let _ = write!(s, " {} ({}/{}) |", fmt_diff(d), d.wins, d.losses);
-                    }
-                    None => s.push_str(" - |"),
-                }
-            }
-            s.push('\n');
+            diff_cells(&mut s, &c.diff, &srcs);
         }
         s.push('\n');
         format_by_step(&mut s, cfg, r, &srcs);
     }
     s
+}
+
+/// A markdown table's header and separator rows: the `fixed` columns, then one per `cols`.
+fn table_header<T: std::fmt::Display>(s: &mut String, fixed: &[&str], cols: &[T]) {
+    s.push('|');
+    for c in fixed {
+        let _ = write!(s, " {c} |");
+    }
+    for c in cols {
+        let _ = write!(s, " {c} |");
+    }
+    s.push_str("\n|");
+    for _ in 0..fixed.len() + cols.len() {
+        s.push_str("---|");
+    }
+    s.push('\n');
+}
+
+/// The rest of a row: each source's paired difference with its wins and losses (`-` when the
+/// source has none), then the end of the line.
+fn diff_cells(s: &mut String, diffs: &BTreeMap<String, PairedDiff>, srcs: &[String]) {
+    for src in srcs {
+        match diffs.get(src) {
+            Some(d) => {
+                let _ = write!(s, " {} ({}/{}) |", fmt_diff(d), d.wins, d.losses);
+            }
+            None => s.push_str(" - |"),
+        }
+    }
+    s.push('\n');
 }
 
 /// Per evaluation step: each arm's mean held-out EM over seeds, the paired differences per
@@ -893,20 +891,11 @@ fn format_by_step(s: &mut String, cfg: &ExperimentConfig, r: &RegimeResults, src
     if comps.iter().all(|c| c.by_step.len() < 2) {
         return;
     }
-    s.push_str("Held-out EM (all) by evaluation step, mean ± sd over seeds:\n\n| method |");
-    let steps: Vec<u64> = comps.iter().flat_map(|c| c.by_step.iter().map(|(k, _)| *k)).collect();
-    let mut steps = steps;
+    s.push_str("Held-out EM (all) by evaluation step, mean ± sd over seeds:\n\n");
+    let mut steps: Vec<u64> = comps.iter().flat_map(|c| c.by_step.iter().map(|(k, _)| *k)).collect();
     steps.sort_unstable();
     steps.dedup();
-    let _ = write!(s, " 0 (start) |");
-    for k in &steps {
-        let _ = write!(s, " {k} |");
-    }
-    s.push_str("\n|---|---|");
-    for _ in &steps {
-        s.push_str("---|");
-    }
-    s.push('\n');
+    table_header(s, &["method", "0 (start)"], &steps);
     for arm in &cfg.arms {
         let label = arm.label();
         let _ = write!(s, "| {label} | {:.3} |", score(&r.start.greedy, "all"));
@@ -921,29 +910,14 @@ fn format_by_step(s: &mut String, cfg: &ExperimentConfig, r: &RegimeResults, src
     for c in &comps {
         let _ = write!(
             s,
-            "\nPaired difference {} − {} of held-out EM by evaluation step, mean [95% CI] (wins/losses):\n\n| step | pairs |",
+            "\nPaired difference {} − {} of held-out EM by evaluation step, mean [95% CI] (wins/losses):\n\n",
             c.tree, c.chain
         );
-        for src in srcs {
-            let _ = write!(s, " {src} |");
-        }
-        s.push_str("\n|---|---|");
-        for _ in srcs {
-            s.push_str("---|");
-        }
-        s.push('\n');
+        table_header(s, &["step", "pairs"], srcs);
         for (step, per) in diffs_by_step(r, c) {
             let n = per.get("all").map_or(0, |d| d.n);
             let _ = write!(s, "| {step} | {n} |");
-            for src in srcs {
-                match per.get(src) {
-                    Some(d) => {
-                        let _ = write!(s, " {} ({}/{}) |", fmt_diff(d), d.wins, d.losses);
-                    }
-                    None => s.push_str(" - |"),
-                }
-            }
-            s.push('\n');
+            diff_cells(s, &per, srcs);
         }
     }
     let flat = flatness(cfg, r);

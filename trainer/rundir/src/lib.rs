@@ -291,8 +291,8 @@ impl RunDir {
         read_json(&self.eval_path(step))
     }
 
-    /// Every evaluation of the run, by step.
-    pub fn evals(&self) -> Result<Vec<EvalPoint>> {
+    /// The steps of the run's evaluations, in order.
+    fn eval_steps(&self) -> Result<Vec<u64>> {
         let mut steps = Vec::new();
         let entries = match std::fs::read_dir(&self.root) {
             Ok(e) => e,
@@ -307,7 +307,23 @@ impl RunDir {
             }
         }
         steps.sort_unstable();
-        steps.into_iter().map(|s| self.eval(s)).collect()
+        Ok(steps)
+    }
+
+    /// Every evaluation of the run, by step.
+    pub fn evals(&self) -> Result<Vec<EvalPoint>> {
+        self.eval_steps()?.into_iter().map(|s| self.eval(s)).collect()
+    }
+
+    /// The files [`metrics`](Self::metrics), [`evals`](Self::evals) and the configuration are
+    /// read from (no checkpoint, rollout or tree): the metrics when there are any, the
+    /// evaluations by step, and the configuration last, so that a copy made in this order and
+    /// interrupted holds no configuration and so reads as no run.
+    pub fn summary_files(&self) -> Result<Vec<PathBuf>> {
+        let mut files: Vec<PathBuf> = Some(self.metrics_path()).filter(|p| p.is_file()).into_iter().collect();
+        files.extend(self.eval_steps()?.into_iter().map(|s| self.eval_path(s)));
+        files.push(self.config_path());
+        Ok(files)
     }
 
     /// Keep a step's training rows (replacing what an interrupted run wrote for that step).
