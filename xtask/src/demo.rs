@@ -3,8 +3,10 @@
 //! policy trained from scratch (BPE tokenizer, Qwen2 model, scripted trajectories, SFT), runs a
 //! short Tree-GRPO training with evaluation before and after, then shows the real
 //! SmolLM2-135M-Instruct learning to search the same world: held-out EM before and after a short
-//! SFT on scripted trajectories played through the env-server. `--full` also evaluates SmolLM2 as
-//! a ReAct agent on the FanOutQA questions the mini-Wikipedia corpus answers.
+//! SFT on scripted trajectories played through the env-server. `--full` also trains SmolLM2 for a
+//! few Tree-GRPO steps from that warm start and evaluates it again on the same held-out questions,
+//! and evaluates SmolLM2 as a ReAct agent on the FanOutQA questions the mini-Wikipedia corpus
+//! answers.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -47,8 +49,14 @@ pub struct DemoArgs {
     /// Skip SmolLM2.
     #[arg(long)]
     pub skip_smollm2: bool,
-    /// Also evaluate SmolLM2 as a ReAct agent on FanOutQA over mini-Wikipedia (a few more
-    /// minutes).
+    /// Tree-GRPO steps SmolLM2 takes after its warm start (`--full` only; 0: none).
+    #[arg(long, default_value_t = 4)]
+    pub smollm2_rl_steps: u64,
+    /// Training prompts per SmolLM2 Tree-GRPO step (`--full` only).
+    #[arg(long, default_value_t = 8)]
+    pub smollm2_rl_prompts: usize,
+    /// Also train SmolLM2 for a few Tree-GRPO steps after its warm start and evaluate it again,
+    /// and evaluate SmolLM2 as a ReAct agent on FanOutQA over mini-Wikipedia (longer).
     #[arg(long)]
     pub full: bool,
     /// Build with `--release` (slower to build, faster to run).
@@ -311,6 +319,11 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let after = run.eval(args.steps)?.greedy;
 
     let smol = if args.skip_smollm2 { None } else { Some(smollm2_learns(&ctx, &server.url, args)?) };
+    let smol_rl = if args.full && !args.skip_smollm2 && args.smollm2_rl_steps > 0 {
+        Some(smollm2_tree_grpo(&ctx, &server.url, args)?)
+    } else {
+        None
+    };
     drop(server);
 
     let mut fanout = None;
@@ -355,6 +368,25 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
                 "  {src:<18} {:>9} {:>8.3} {:>8.3} {:>15.2} {:>14.2}",
                 b.questions, b.score, a.score, b.tool_calls_per_question, a.tool_calls_per_question
             );
+        }
+        if let Some(rl) = &smol_rl {
+            println!(
+                "SmolLM2-135M-Instruct after {} Tree-GRPO (2,2,1) steps from that warm start ({} training prompts per \
+                 step, lr {SMOLLM2_RL_LR}, fixed before any run), same held-out questions:",
+                args.smollm2_rl_steps, args.smollm2_rl_prompts
+            );
+            println!(
+                "  {:<18} {:>9} {:>10} {:>8} {:>14}",
+                "data source", "questions", "after SFT", "after RL", "tools/q after"
+            );
+            for (src, r) in &rl.eval {
+                let a = after.get(src).cloned().unwrap_or_default();
+                println!(
+                    "  {src:<18} {:>9} {:>10.3} {:>8.3} {:>14.2}",
+                    r.questions, a.score, r.score, r.tool_calls_per_question
+                );
+            }
+            println!("  training reward per step: {} (one seed; a step's mean over its prompts)", rl.rewards);
         }
     }
     if let Some(s) = fanout {
@@ -428,6 +460,74 @@ fn smollm2_learns(
     ])?;
     let after = evaluate("smollm2-sft", "smollm2-after.json")?;
     Ok((before, after))
+}
+
+/// The learning rate of SmolLM2's Tree-GRPO steps in `--full`: fixed before any run, neither swept
+/// nor chosen on held-out questions (the spec's 1e-6 is for thousands of prompts; a few steps at it
+/// leave a 135M model where it was).
+const SMOLLM2_RL_LR: &str = "1e-5";
+
+/// What SmolLM2's Tree-GRPO steps gave: the held-out evaluation of the last checkpoint, and the
+/// mean training reward of each step.
+struct SmolRl {
+    eval: grove_rundir::EvalReport,
+    rewards: String,
+}
+
+/// `--full`: a few Tree-GRPO steps of SmolLM2 from its SFT warm start on the world's training
+/// questions, then the same greedy evaluation on the same held-out sample as before and after
+/// the warm start.
+fn smollm2_tree_grpo(ctx: &Ctx, env: &str, args: &DemoArgs) -> Result<SmolRl> {
+    util::banner("SmolLM2-135M-Instruct: a few Tree-GRPO steps from its warm start, evaluated again");
+    std::fs::write(ctx.out.join("smollm2-train.toml"), smollm2_train_config(env, args))?;
+    let _ = std::fs::remove_dir_all(ctx.out.join("smollm2-rl"));
+    ctx.trainer(&["train", "--config", "smollm2-train.toml"])?;
+    let run = grove_rundir::RunDir::new(ctx.out.join("smollm2-rl"));
+    let checkpoint = run.latest_checkpoint().context("SmolLM2's Tree-GRPO run wrote no checkpoint")?;
+    let checkpoint = checkpoint.to_str().context("checkpoint path is not UTF-8")?.to_string();
+    ctx.eval_world(&checkpoint, env, "world/test.jsonl", args.smollm2_questions, "smollm2-rl.json")?;
+    let eval = read_eval_json(&ctx.out.join("smollm2-rl.json"))?;
+    let metrics = run.metrics()?;
+    if metrics.is_empty() {
+        bail!("SmolLM2's Tree-GRPO run recorded no step");
+    }
+    let rewards = metrics.iter().map(|m| format!("{:.3}", m.reward_mean)).collect::<Vec<_>>().join(", ");
+    Ok(SmolRl { eval, rewards })
+}
+
+/// The `trainer train` configuration of SmolLM2's Tree-GRPO steps (`--full`).
+fn smollm2_train_config(env: &str, args: &DemoArgs) -> String {
+    format!(
+        r#"# Written by `cargo xtask demo --full`.
+model = "smollm2-sft"
+{world}
+out_dir = "smollm2-rl"
+steps = {steps}
+prompts_per_step = {prompts}
+method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
+lr = {lr}
+warmup_ratio = 0.0
+max_turns = 4
+max_obs_tokens = 200
+max_new_tokens = 48
+max_response_tokens = 1024
+max_context = 2048
+temperature = 1.0
+top_p = 0.95
+micro_batch = 4
+mini_batches = 1
+kl_coef = 0.001
+entropy_coef = 0.001
+topk = 1
+eval_every = 0
+save_every = {steps}
+trees_every = 0
+"#,
+        world = world_keys(env),
+        steps = args.smollm2_rl_steps,
+        prompts = args.smollm2_rl_prompts,
+        lr = SMOLLM2_RL_LR,
+    )
 }
 
 /// The `trainer train` configuration of the demo's RL run.

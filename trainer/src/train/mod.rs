@@ -130,7 +130,7 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         run_dir.truncate_metrics(start)?;
     }
     let bar = progress_bar(opts, cfg.steps, start);
-    if opts.progress && !eval_tasks.is_empty() {
+    if opts.progress && !eval_tasks.is_empty() && (cfg.eval_every > 0 || cfg.eval_before) {
         bar.suspend(|| eprintln!("held-out evaluation on {selection}"));
     }
     let mut summary = RunSummary { out_dir: cfg.out_dir.clone(), ..Default::default() };
