@@ -317,6 +317,11 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let run = grove_rundir::RunDir::new(out.join("rl"));
     let before = run.eval(0)?.greedy;
     let after = run.eval(args.steps)?.greedy;
+    let rewards = run
+        .metrics()?
+        .chunks(10)
+        .map(|b| b.iter().map(|m| m.reward_mean).sum::<f64>() / b.len() as f64)
+        .collect::<Vec<_>>();
 
     let smol = if args.skip_smollm2 { None } else { Some(smollm2_learns(&ctx, &server.url, args)?) };
     let smol_rl = if args.full && !args.skip_smollm2 && args.smollm2_rl_steps > 0 {
@@ -352,6 +357,8 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         let (a, tools) = after.get(src).map_or((0.0, 0.0), |s| (s.score, s.tool_calls_per_question));
         println!("  {src:<18} {:>8.3} {a:>8.3} {tools:>16.2}", b.score);
     }
+    let rewards = rewards.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" / ");
+    println!("  training reward (training questions), mean per block of 10 steps: {rewards}");
     if let Some((before, after)) = &smol {
         println!(
             "SmolLM2-135M-Instruct on held-out synthetic questions it was not trained on, greedy EM, before and after \
