@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::demo::{Ctx, world_keys};
+use crate::demo::{Ctx, SMALL_POLICY_BATCHING, WORLD_RL_SETTINGS, world_keys};
 use crate::util;
 
 /// Knobs of `cargo xtask experiment`.
@@ -184,18 +184,8 @@ model = "{first}"
 out_dir = "experiment"
 steps = {steps}
 prompts_per_step = {prompts}
-max_turns = 4
-max_obs_tokens = 200
-max_new_tokens = 48
-max_response_tokens = 1024
-max_context = 2048
-temperature = 1.0
-top_p = 0.95
-micro_batch = 8
-mini_batches = 4
-kl_coef = 0.001
-entropy_coef = 0.001
-topk = 1
+{world_rl}
+{batching}
 eval_every = {eval_every}
 eval_sampled = false
 save_every = 0
@@ -203,6 +193,8 @@ save_every = 0
 {regimes}{arms}"#,
         seeds = plan.seeds,
         world = world_keys(env),
+        world_rl = WORLD_RL_SETTINGS,
+        batching = SMALL_POLICY_BATCHING,
         steps = plan.steps,
         prompts = plan.prompts,
         eval_every = args.eval_every.unwrap_or(plan.steps / 2).max(1),
