@@ -47,6 +47,38 @@ def _task_spec(t):
     return task(*t)
 
 
+def _options(options):
+    """An `EpisodeOptions` map, fields in wire order (absent ones as nil)."""
+    options = dict(options or {})
+    wire = {key: options.pop(key, None) for key in ("max_turns", "topk", "backend", "prompt_template")}
+    if options:
+        raise TypeError(f"unknown episode options: {sorted(options)}")
+    return wire
+
+
+def _shape(shape):
+    """A forest `shape` map from `{"m", "n", "l", "k"}` or a tuple `(m, n, l, k)`."""
+    if isinstance(shape, dict):
+        return {key: int(shape[key]) for key in ("m", "n", "l", "k")}
+    m, n, l, k = shape
+    return {"m": int(m), "n": int(n), "l": int(l), "k": int(k)}
+
+
+def _step_action(item):
+    """A `StepAction` map from `(episode, action)` or `(episode, action, data)`; `data` (bytes,
+    sent as MessagePack bin) is left out when None."""
+    if len(item) == 2:
+        (ep, act), data = item, None
+    else:
+        ep, act, data = item
+    wire = {"episode": ep, "action": action(act)}
+    if data is not None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError("step data is bytes")
+        wire["data"] = bytes(data)
+    return wire
+
+
 def action(value):
     """The wire `Action` for model text (a str) or a tool call (`{"name": ..., "arguments": {...}}`)."""
     if isinstance(value, str):
@@ -177,6 +209,11 @@ class AsyncClient:
     @property
     def limits(self):
         return self.welcome["limits"] if self.welcome else None
+
+    @property
+    def closed(self):
+        """True once the connection is gone for good (disconnected, or reattach failed)."""
+        return self._closed is not None
 
     def _deliver(self, rid, msg):
         fut = self._pending.pop(rid, None)
@@ -342,28 +379,53 @@ class AsyncClient:
         """One episode per task (a dict or `task(...)`). Returns `EpisodeStart` maps
         (`episode`, `prompt`, `max_turns`); a failed task raises, or with `raise_errors=False`
         leaves a GroveError in its slot."""
-        options = {"max_turns": max_turns, "topk": topk, "backend": backend, "prompt_template": prompt_template}
+        options = _options(
+            {"max_turns": max_turns, "topk": topk, "backend": backend, "prompt_template": prompt_template}
+        )
         msg = {"CreateEpisodes": {"tasks": [_task_spec(t) for t in tasks], "options": options}}
         created = await self._expect(msg, "EpisodesCreated")
         return _results(created["episodes"], raise_errors)
 
     async def step_many(self, actions, raise_errors=True):
-        """Step several episodes at once: `actions` is a list of `(episode, action)` pairs.
-        Returns one `Observation` map per pair, in order."""
-        wire = [{"episode": ep, "action": action(a)} for ep, a in actions]
+        """Step several episodes at once: `actions` is a list of `(episode, action)` pairs or
+        `(episode, action, data)` triples, `data` being bytes the server stores with the step
+        (`data_too_large` above `limits["max_step_data_bytes"]`) or None. Returns one
+        `Observation` map per item, in order."""
+        wire = [_step_action(item) for item in actions]
         stepped = await self._expect({"Step": {"actions": wire}}, "Stepped")
         return _results(stepped["results"], raise_errors)
 
-    async def step(self, episode, act):
-        """Step one episode with model text (str) or a tool call dict; returns the Observation."""
-        return (await self.step_many([(episode, act)]))[0]
+    async def step(self, episode, act, data=None):
+        """Step one episode with model text (str) or a tool call dict, and optionally `data`
+        (bytes kept with the step, returned in transcripts and forest prefixes); returns the
+        Observation."""
+        return (await self.step_many([(episode, act, data)]))[0]
 
-    async def step_text(self, episode, text):
-        return await self.step(episode, text)
+    async def step_text(self, episode, text, data=None):
+        return await self.step(episode, text, data)
 
     async def step_tool(self, episode, name, **arguments):
         """A structured tool call, e.g. `step_tool(ep, "search", query="...")`."""
         return await self.step(episode, {"name": name, "arguments": arguments})
+
+    async def join_forest(self, key, shape, seed, task, options=None):
+        """Join the forest `key` (every row of one prompt sends the same key, shape, seed, task
+        and options) and return this row's `ForestRole` map: `row`, `tree`, `round`, `episode`
+        (the episode to step), `prompt`, `max_turns`, `from` (`{episode, step}` of the node
+        expanded, None for an initial chain) and `prefix` (the node's steps, each `{action,
+        observation, data}`). `shape` is `{"m", "n", "l", "k"}` or `(m, n, l, k)`; `options`
+        the episode options (`max_turns`, `topk`, `backend`, `prompt_template`). The reply of
+        an expansion row waits until the chains it grows from have finished."""
+        msg = {
+            "JoinForest": {
+                "key": key,
+                "shape": _shape(shape),
+                "seed": int(seed),
+                "task": _task_spec(task),
+                "options": _options(options),
+            }
+        }
+        return await self._expect(msg, "ForestJoined")
 
     async def fork_many(self, specs, raise_errors=True):
         """`specs` is a list of `(episode, at_step, n)`; returns `ForkResult` maps."""

@@ -61,14 +61,17 @@ class Client:
     def step_many(self, actions, raise_errors=True):
         return self._run(self._client.step_many(actions, raise_errors=raise_errors))
 
-    def step(self, episode, act):
-        return self._run(self._client.step(episode, act))
+    def step(self, episode, act, data=None):
+        return self._run(self._client.step(episode, act, data))
 
-    def step_text(self, episode, text):
-        return self._run(self._client.step_text(episode, text))
+    def step_text(self, episode, text, data=None):
+        return self._run(self._client.step_text(episode, text, data))
 
     def step_tool(self, episode, name, **arguments):
         return self._run(self._client.step_tool(episode, name, **arguments))
+
+    def join_forest(self, key, shape, seed, task, options=None):
+        return self._run(self._client.join_forest(key, shape, seed, task, options))
 
     def fork_many(self, specs, raise_errors=True):
         return self._run(self._client.fork_many(specs, raise_errors=raise_errors))
