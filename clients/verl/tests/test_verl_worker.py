@@ -31,12 +31,20 @@ def test_agent_loop_worker_to_tree_grpo_advantages(server, smollm2_dir, tmp_path
     async def main():
         worker = AgentLoopWorker(config, llm_client=gen)
         try:
-            batch = gen_batch(config, worker.tokenizer, question_id="train_2")
-            return batch, await worker.generate_sequences(batch)
+            # RayPPOTrainer.fit: the generation batch takes every column but the reward ones
+            # (_get_gen_batch), is repeated rollout.n times and goes to the agent loops.
+            batch = gen_batch(config, worker.tokenizer, question_id="train_2", repeat=False)
+            reward_keys = {"data_source", "reward_model", "extra_info", "uid"}
+            generation = batch.pop(batch_keys=[], non_tensor_batch_keys=list(set(batch.non_tensor_batch) - reward_keys))
+            generation.non_tensor_batch.update(batch.non_tensor_batch)
+            generation = generation.repeat(repeat_times=6, interleave=True)
+            return batch, await worker.generate_sequences(generation)
         finally:
             await close_connections()
 
     batch, output = asyncio.run(main())
+    # fit: the prompt batch repeated, joined with the rollout.
+    output = batch.repeat(repeat_times=6, interleave=True).union(output)
     assert len(output) == 6
     nt = output.non_tensor_batch
     assert len(set(nt["uid"])) == 1 and len(set(nt["tree_uid"])) == 2

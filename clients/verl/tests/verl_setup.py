@@ -54,14 +54,17 @@ def write_loops_yaml(path, url, **grove):
     return path
 
 
-def gen_batch(config, tokenizer, question_id="train_0", n=None):
+def gen_batch(config, tokenizer, question_id="train_0", n=None, repeat=True):
     """The generation batch of one prompt, as RayPPOTrainer.fit hands it to the agent-loop
-    manager: the dataset row, a fresh uid, repeated rollout.n times (interleaved)."""
+    manager: the dataset row, a fresh uid, repeated rollout.n times (interleaved; `repeat=False`:
+    the batch before that)."""
     dataset = RLHFDataset(data_files=[str(SEARCHR1)], tokenizer=tokenizer, config=config.data)
     rows = [dataset[i] for i in range(len(dataset))]
     row = next(r for r in rows if r["id"] == question_id)
     batch = DataProto.from_single_dict(collate_fn([row]))
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4())], dtype=object)
+    if not repeat:
+        return batch
     return batch.repeat(repeat_times=n or config.actor_rollout_ref.rollout.n, interleave=True)
 
 
