@@ -167,12 +167,13 @@ class GroveTreeAgentLoop(AgentLoopBase):
         """The prompt the way verl's own loops build it (the chat template of raw_prompt)."""
         if hasattr(self, "ct_build_initial_tokens"):  # verl >= 0.9
             return await self.ct_build_initial_tokens(messages)
-        return await self.loop.run_in_executor(  # pragma: no cover - older verl
+        ids = await self.loop.run_in_executor(  # pragma: no cover - older verl
             None,
             lambda: self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, **self.apply_chat_template_kwargs
             ),
         )
+        return ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
 
     def _observation_ids(self, text):
         return self.tokenizer.encode(text, add_special_tokens=False)[: self.grove.max_obs_tokens]
