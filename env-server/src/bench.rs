@@ -424,7 +424,8 @@ fn in_process_forks(depth: u32) -> (f64, f64) {
     sim.tick(Instant::now());
     let episode = 1;
     for s in 0..depth {
-        let action = StepAction { episode, action: Action::Text(format!("step {s}: no tool call, some words")) };
+        let action =
+            StepAction { episode, action: Action::Text(format!("step {s}: no tool call, some words")), data: None };
         sim.submit(conn, 2 + s as u64, Request::Step(Step { actions: vec![action] }));
         sim.tick(Instant::now());
     }

@@ -143,6 +143,15 @@ pub struct LimitsConfig {
     /// `http_header_timeout_secs`), or the request is answered `408` and the connection closed;
     /// other routes do not read bodies and close a connection whose body they left unread.
     pub http_request_timeout_secs: u64,
+    /// Bytes of client data one step may carry (`StepAction::data`), kept with the transcript.
+    pub max_step_data_bytes: usize,
+    /// Rows (m k) one forest may have.
+    pub max_forest_rows: usize,
+    /// Live forests at once.
+    pub max_forests: usize,
+    /// A forest expires (its waiting rows are answered `forest_expired`, its episodes closed)
+    /// this long after its first row joined.
+    pub forest_timeout_secs: u64,
 }
 
 impl Default for LimitsConfig {
@@ -169,6 +178,10 @@ impl Default for LimitsConfig {
             max_retrieve_queries: 4_096,
             http_header_timeout_secs: 30,
             http_request_timeout_secs: 60,
+            max_step_data_bytes: 256 << 10,
+            max_forest_rows: 64,
+            max_forests: 4_096,
+            forest_timeout_secs: 600,
         }
     }
 }
@@ -194,6 +207,10 @@ impl LimitsConfig {
             connection_idle_ms: self.connection_idle_secs.saturating_mul(1000),
             heartbeat_ms: self.heartbeat_secs.saturating_mul(1000),
             max_in_flight: clamp(self.max_in_flight_per_connection),
+            max_step_data_bytes: clamp(self.max_step_data_bytes),
+            max_forest_rows: clamp(self.max_forest_rows),
+            max_forests: clamp(self.max_forests),
+            forest_timeout_ms: self.forest_timeout_secs.saturating_mul(1000),
         }
     }
 }

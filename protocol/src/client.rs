@@ -258,7 +258,7 @@ impl Client {
 
     /// Step one episode with model text.
     pub async fn step_text(&self, episode: EpisodeId, text: &str) -> Result<Observation, ClientError> {
-        let action = StepAction { episode, action: Action::Text(text.to_string()) };
+        let action = StepAction { episode, action: Action::Text(text.to_string()), data: None };
         let mut results = self.step(vec![action]).await?;
         match results.pop() {
             Some(Ok(obs)) => Ok(obs),
@@ -292,6 +292,15 @@ impl Client {
         match self.request(Request::Stats).await? {
             Response::Stats(s) => Ok(s),
             other => Err(ClientError::Unexpected { request: "Stats", reply: Box::new(other) }),
+        }
+    }
+
+    /// Join a forest as its next row (PROTOCOL.md §8.7); an expansion's reply waits until its
+    /// node is ready.
+    pub async fn join_forest(&self, join: JoinForest) -> Result<ForestRole, ClientError> {
+        match self.request(Request::JoinForest(join)).await? {
+            Response::ForestJoined(r) => Ok(r),
+            other => Err(ClientError::Unexpected { request: "JoinForest", reply: Box::new(other) }),
         }
     }
 

@@ -73,6 +73,20 @@ error_codes! {
     /// The episode limit (per connection or total) would be exceeded.
     TooManyEpisodes = 302, "too_many_episodes";
     TooManyConnections = 303, "too_many_connections";
+    /// A step's client data is larger than `Limits::max_step_data_bytes`.
+    DataTooLarge = 306, "data_too_large";
+    /// A `JoinForest` that no forest can take: empty or long key, `m` = 0, `k` != 1 + n l, or
+    /// more rows than `Limits::max_forest_rows`.
+    InvalidForest = 307, "invalid_forest";
+    /// A row of a live forest sent another shape, seed or task than the forest's first row.
+    ForestMismatch = 308, "forest_mismatch";
+    /// The forest already has all its rows, or has finished.
+    ForestFull = 309, "forest_full";
+    /// The forest ran past `Limits::forest_timeout_ms` before this row's node was ready; its
+    /// episodes are closed.
+    ForestExpired = 310, "forest_expired";
+    /// The server holds `Limits::max_forests` forests.
+    TooManyForests = 311, "too_many_forests";
     UnknownBackend = 400, "unknown_backend";
     /// The search backend (or page fetch) failed.
     BackendError = 401, "backend_error";

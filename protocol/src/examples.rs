@@ -8,6 +8,7 @@
 //! unanswered).
 
 use crate::error::{ErrorCode, ErrorInfo};
+use crate::forest::*;
 use crate::messages::*;
 
 fn task() -> TaskSpec {
@@ -97,12 +98,18 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                                 "<think>I need the designer.</think>\n<search> Elmsworth harbor bridge </search>"
                                     .into(),
                             ),
+                            data: None,
                         },
                         StepAction {
                             episode: 2,
                             action: Action::Text("<think>I know this.</think>\n<answer> Ada Kerrigan </answer>".into()),
+                            data: None,
                         },
-                        StepAction { episode: 99, action: Action::Text("<answer> Ada Kerrigan </answer>".into()) },
+                        StepAction {
+                            episode: 99,
+                            action: Action::Text("<answer> Ada Kerrigan </answer>".into()),
+                            data: None,
+                        },
                     ],
                 }),
             ),
@@ -115,6 +122,7 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
                     actions: vec![StepAction {
                         episode: 1,
                         action: Action::Tool(ToolCall { name: "search".into(), arguments: args }),
+                        data: None,
                     }],
                 }),
             ),
@@ -123,6 +131,32 @@ pub fn requests() -> Vec<(&'static str, Envelope<Request>)> {
         ("close", Envelope::new(6, Request::Close(Close { episodes: vec![1, 99] }))),
         ("get_transcript", Envelope::new(7, Request::GetTranscript(GetTranscript { episode: 3 }))),
         ("stats", Envelope::new(8, Request::Stats)),
+        (
+            "join_forest",
+            Envelope::new(
+                11,
+                Request::JoinForest(JoinForest {
+                    key: "step-12/uid-3f2a".into(),
+                    shape: ForestShape { m: 2, n: 2, l: 1, k: 3 },
+                    seed: 7,
+                    task: task(),
+                    options: EpisodeOptions { max_turns: Some(3), ..Default::default() },
+                }),
+            ),
+        ),
+        (
+            "step_with_data",
+            Envelope::new(
+                12,
+                Request::Step(Step {
+                    actions: vec![StepAction {
+                        episode: 7,
+                        action: Action::Text("<search> Ada Kerrigan </search>".into()),
+                        data: Some(StepData(vec![0x82, 0xa3, b'i', b'd', b's', 0x91, 0x05])),
+                    }],
+                }),
+            ),
+        ),
         ("ping", Envelope::new(9, Request::Ping(Ping { nonce: 42 }))),
     ]
 }
@@ -145,6 +179,10 @@ fn welcome(resumed: Option<Resumed>) -> Welcome {
             connection_idle_ms: 900_000,
             heartbeat_ms: 15_000,
             max_in_flight: 1024,
+            max_step_data_bytes: 262_144,
+            max_forest_rows: 64,
+            max_forests: 4096,
+            forest_timeout_ms: 600_000,
         },
         session: Some(Session { token: "5f0c9a4e2b7d4c1e8a3f6b2d9e0c7a15".into(), grace_ms: 60_000 }),
         resumed,
@@ -244,12 +282,14 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                             kind: ActionKind::Search,
                             content: "Elmsworth harbor bridge".into(),
                             observation: BRIDGE_DOCS.into(),
+                            data: None,
                         },
                         TranscriptStep {
                             action: "<search> Ada Kerrigan </search>".into(),
                             kind: ActionKind::Search,
                             content: "Ada Kerrigan".into(),
                             observation: KERRIGAN_DOCS.into(),
+                            data: None,
                         },
                     ],
                     reward: None,
@@ -270,11 +310,35 @@ pub fn responses() -> Vec<(&'static str, Envelope<Response>)> {
                     searches: 2,
                     connections: 1,
                     uptime_ms: 12_345,
+                    forests_live: 0,
+                    forests_finished: 0,
+                    forests_expired: 0,
                     providers: Default::default(),
                 }),
             ),
         ),
         ("pong", Envelope::new(9, Response::Pong(Ping { nonce: 42 }))),
+        (
+            "forest_joined",
+            Envelope::new(
+                11,
+                Response::ForestJoined(ForestRole {
+                    key: "step-12/uid-3f2a".into(),
+                    row: 2,
+                    tree: 0,
+                    round: 1,
+                    episode: 7,
+                    prompt: PROMPT.into(),
+                    max_turns: 3,
+                    from: Some(ForestNode { episode: 5, step: 1 }),
+                    prefix: vec![PrefixStep {
+                        action: "<search> Elmsworth harbor bridge </search>".into(),
+                        observation: BRIDGE_DOCS.into(),
+                        data: Some(StepData(vec![0x82, 0xa3, b'i', b'd', b's', 0x91, 0x2a])),
+                    }],
+                }),
+            ),
+        ),
         ("error", Envelope::new(10, Response::Error(ErrorInfo::new(ErrorCode::HandshakeRequired, "send Hello first")))),
     ]
 }
@@ -290,6 +354,7 @@ pub fn request_variant(r: &Request) -> &'static str {
         Request::GetTranscript(_) => "GetTranscript",
         Request::Stats => "Stats",
         Request::Ping(_) => "Ping",
+        Request::JoinForest(_) => "JoinForest",
     }
 }
 
@@ -305,12 +370,23 @@ pub fn response_variant(r: &Response) -> &'static str {
         Response::Stats(_) => "Stats",
         Response::Pong(_) => "Pong",
         Response::Error(_) => "Error",
+        Response::ForestJoined(_) => "ForestJoined",
     }
 }
 
 /// All request variant names.
-pub const REQUEST_VARIANTS: [&str; 8] =
-    ["Hello", "CreateEpisodes", "Step", "Fork", "Close", "GetTranscript", "Stats", "Ping"];
+pub const REQUEST_VARIANTS: [&str; 9] =
+    ["Hello", "CreateEpisodes", "Step", "Fork", "Close", "GetTranscript", "Stats", "Ping", "JoinForest"];
 /// All response variant names.
-pub const RESPONSE_VARIANTS: [&str; 9] =
-    ["Welcome", "EpisodesCreated", "Stepped", "Forked", "Closed", "Transcript", "Stats", "Pong", "Error"];
+pub const RESPONSE_VARIANTS: [&str; 10] = [
+    "Welcome",
+    "EpisodesCreated",
+    "Stepped",
+    "Forked",
+    "Closed",
+    "Transcript",
+    "Stats",
+    "Pong",
+    "Error",
+    "ForestJoined",
+];

@@ -17,11 +17,13 @@ pub mod client;
 mod codec;
 mod error;
 pub mod examples;
+mod forest;
 mod ids;
 mod messages;
 
 pub use codec::{DecodeError, EncodeError, decode, decode_request, decode_response, encode, peek_id};
 pub use error::{ErrorCode, ErrorInfo};
+pub use forest::*;
 pub use messages::*;
 
 /// The protocol version this crate speaks. A server accepts a `Hello` whose major version equals

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorInfo;
+use crate::forest::{ForestRole, JoinForest, StepData};
 pub use crate::ids::{EpisodeId, RequestId};
 
 /// One frame: a request or a reply with its id.
@@ -36,6 +37,8 @@ pub enum Request {
     /// Server-wide counters.
     Stats,
     Ping(Ping),
+    /// Join the forest of one prompt as its next row (§8.7).
+    JoinForest(JoinForest),
 }
 
 /// Every reply a server sends. `Error` answers a request that failed as a whole; bulk requests
@@ -51,6 +54,8 @@ pub enum Response {
     Stats(ServerStats),
     Pong(Ping),
     Error(ErrorInfo),
+    /// The role of a row that joined a forest.
+    ForestJoined(ForestRole),
 }
 
 /// Opens a session. Authentication, when configured, happens earlier: an
@@ -139,6 +144,19 @@ pub struct Limits {
     /// 0: not announced.
     #[serde(default)]
     pub max_in_flight: u32,
+    /// Bytes of client data one step may carry (`StepAction::data`). 0: not announced (older
+    /// servers, which take none).
+    #[serde(default)]
+    pub max_step_data_bytes: u32,
+    /// Rows (m k) one forest may have. 0: not announced (no forests).
+    #[serde(default)]
+    pub max_forest_rows: u32,
+    /// Live forests the server holds at once.
+    #[serde(default)]
+    pub max_forests: u32,
+    /// A forest expires this long after its first row joined.
+    #[serde(default)]
+    pub forest_timeout_ms: u64,
 }
 
 /// How an episode's answer is scored.
@@ -216,6 +234,10 @@ pub struct ToolCall {
 pub struct StepAction {
     pub episode: EpisodeId,
     pub action: Action,
+    /// Opaque client bytes kept with the step and inherited by forks (e.g. the generated token
+    /// ids and their log-probs), at most `Limits::max_step_data_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<StepData>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -347,6 +369,9 @@ pub struct TranscriptStep {
     /// The parsed content: query, URL or answer.
     pub content: String,
     pub observation: String,
+    /// The client data sent with the step's action, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<StepData>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -371,6 +396,13 @@ pub struct ServerStats {
     pub searches: u64,
     pub connections: u64,
     pub uptime_ms: u64,
+    /// Forests live now, finished (every row played) and expired since the start.
+    #[serde(default)]
+    pub forests_live: u64,
+    #[serde(default)]
+    pub forests_finished: u64,
+    #[serde(default)]
+    pub forests_expired: u64,
     /// Cost accounting per web provider, retriever and page fetcher (absent when the server has
     /// none).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

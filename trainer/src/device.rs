@@ -108,3 +108,63 @@ fn place_auto(request: DeviceRequest) -> Result<Placement, DeviceError> {
     let kind = if device.is_cuda() { Kind::BFloat16 } else { Kind::Float };
     Ok(Placement { device, kind })
 }
+
+/// libtorch's CPU thread pools (intra-op and inter-op), pinned to `threads` each, so that a run's
+/// arithmetic (the order of its parallel reductions) does not depend on the machine's core
+/// count: the same command gives the same per-step numbers on another machine. Call once, before
+/// any tensor work (libtorch accepts the inter-op count only before its pool starts).
+pub fn pin_threads(threads: std::num::NonZeroUsize) {
+    let n = i32::try_from(threads.get()).unwrap_or(i32::MAX);
+    tch::set_num_threads(n);
+    tch::set_num_interop_threads(n);
+}
+
+/// What a run folder records of the machine it ran on (`machine.json`), so that a reader can tell
+/// why two runs of one configuration differ.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MachineRecord {
+    /// `model name` of `/proc/cpuinfo` (empty where it cannot be read).
+    pub cpu_model: String,
+    pub logical_cpus: usize,
+    pub intra_op_threads: i32,
+    pub inter_op_threads: i32,
+    pub cuda_devices: i64,
+}
+
+impl MachineRecord {
+    pub fn current() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        Self {
+            cpu_model,
+            logical_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            intra_op_threads: tch::get_num_threads(),
+            inter_op_threads: tch::get_num_interop_threads(),
+            cuda_devices: if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 },
+        }
+    }
+}
+
+#[cfg(test)]
+mod machine_tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_record_names_the_cpu_and_the_thread_counts() {
+        let m = MachineRecord::current();
+        assert!(m.intra_op_threads >= 1 && m.inter_op_threads >= 1, "{m:?}");
+        assert!(m.logical_cpus >= 1);
+        if std::path::Path::new("/proc/cpuinfo").exists() {
+            assert!(!m.cpu_model.is_empty(), "{m:?}");
+        }
+        let back: MachineRecord = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+}

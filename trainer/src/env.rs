@@ -218,7 +218,7 @@ impl EnvClient {
         for chunk in actions.chunks(self.max_batch()) {
             let items: Vec<StepAction> = chunk
                 .iter()
-                .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()) })
+                .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()), data: None })
                 .collect();
             self.sent(&self.counters.step);
             let r = self.rt.block_on(self.client.step(items));

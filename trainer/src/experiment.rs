@@ -132,6 +132,13 @@ pub struct ExperimentConfig {
     /// finishes. Where it lives is not a setting of the experiment, so it is not written back.
     #[serde(skip_serializing)]
     pub record: Option<PathBuf>,
+    /// The pre-registered analysis (`[analysis]`), written into `table.md` per regime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<crate::analysis::Analysis>,
+    /// Train nothing: report the finished runs in the output folder (or the record) only, so an
+    /// experiment stopped by its protocol's wall-time rule is analysed once on its complete pairs.
+    #[serde(skip)]
+    pub report_only: bool,
 }
 
 impl Default for ExperimentConfig {
@@ -147,6 +154,8 @@ impl Default for ExperimentConfig {
             regimes: Vec::new(),
             lr_sweep: None,
             record: None,
+            analysis: None,
+            report_only: false,
         }
     }
 }
@@ -193,6 +202,9 @@ impl ExperimentConfig {
         }
         if self.train.eval_every == 0 {
             bail!("`eval_every` = 0: the experiment evaluates at several steps");
+        }
+        if let Some(a) = &self.analysis {
+            a.check()?;
         }
         if let Some(s) = &self.lr_sweep {
             if s.lrs.is_empty() {
@@ -280,6 +292,9 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
         train.model = regime.model.clone();
         let record = Record { out: &out, root: cfg.record.as_deref() };
         record.restore(&dir.join("start.json"))?;
+        if cfg.report_only && !dir.join("start.json").exists() {
+            bail!("regime {}: no recorded start (start.json) to report against", regime.name);
+        }
         let start = evaluate_start(&train, &dir.join("start.json"), progress)
             .with_context(|| format!("regime {}: the starting checkpoint", regime.name))?;
         record.keep(&dir.join("start.json"))?;
@@ -299,7 +314,14 @@ pub fn run_experiment(cfg: &ExperimentConfig, progress: bool) -> Result<Experime
                 t.out_dir = dir.join(slug(&arm.label())).join(format!("seed-{seed}"));
                 t.eval_before = false;
                 let label = format!("{} {} seed {seed}", regime.name, arm.label());
-                let summary = run_or_reuse(&t, &label, record, progress)?;
+                let summary = if cfg.report_only {
+                    match finished_run(&t, record)? {
+                        Some(s) => s,
+                        None => continue,
+                    }
+                } else {
+                    run_or_reuse(&t, &label, record, progress)?
+                };
                 if progress {
                     let em = summary.evals.last().map_or(0.0, EvalPoint::greedy_all);
                     eprintln!("{label}: held-out EM {em:.3}");
@@ -376,6 +398,23 @@ fn settings_of(cfg: &TrainConfig) -> TrainConfig {
 /// Run `cfg`, or read the run back when its folder holds a finished run of the same settings.
 /// A finished run of other settings is an error (nothing is overwritten); an unfinished one is
 /// started again.
+/// A finished run of `cfg` in its folder (restored from the record if missing), or `None`.
+fn finished_run(cfg: &TrainConfig, record: Record<'_>) -> Result<Option<RunSummary>> {
+    let run = RunDir::new(&cfg.out_dir);
+    if !run.config_path().exists() {
+        record.restore_run(&cfg.out_dir)?;
+    }
+    if !run.config_path().exists() {
+        return Ok(None);
+    }
+    let metrics = run.metrics()?;
+    let finished = metrics.len() as u64 == cfg.steps && run.eval_path(cfg.steps).exists();
+    if !finished || settings_of(&TrainConfig::from_file(&run.config_path())?) != settings_of(cfg) {
+        return Ok(None);
+    }
+    Ok(Some(RunSummary { metrics, evals: run.evals()?, out_dir: cfg.out_dir.clone() }))
+}
+
 fn run_or_reuse(cfg: &TrainConfig, label: &str, record: Record<'_>, progress: bool) -> Result<RunSummary> {
     let run = RunDir::new(&cfg.out_dir);
     if !run.config_path().exists() {
@@ -492,7 +531,7 @@ fn evaluate_start(train: &TrainConfig, path: &Path, progress: bool) -> Result<Ev
     let (tasks, selection) = held_out(train)?;
     let envs = connect_all(&train.env.0)?;
     let agent = train.agent(train.prompt_template_text()?);
-    let point = eval_point(&model, &tok, &envs, (&tasks, selection), &agent, false, 0, train.seed)?;
+    let point = eval_point(&model, &tok, &envs, (&tasks, selection), &agent, train.eval_sampled, 0, train.seed)?;
     if progress {
         eprint!("{}", format_eval_point(&point, &agent));
     }
@@ -508,58 +547,7 @@ fn slug(label: &str) -> String {
     s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
 }
 
-/// Mean and sample standard deviation.
-pub fn mean_std(xs: &[f64]) -> (f64, f64) {
-    if xs.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
-    (mean, var.sqrt())
-}
-
-/// The 0.975 quantile of Student's t with `df` degrees of freedom (two-sided 95%).
-pub fn t_975(df: usize) -> f64 {
-    const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-    ];
-    match df {
-        0 => f64::INFINITY,
-        1..=30 => T[df - 1],
-        // Within 0.002 of the exact quantile above 30 degrees of freedom.
-        _ => 1.960 + 2.5 / df as f64,
-    }
-}
-
-/// Mean of paired differences with its 95% confidence interval.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct PairedDiff {
-    pub n: usize,
-    pub mean: f64,
-    pub lo: f64,
-    pub hi: f64,
-    /// Pairs where the first arm scored higher / lower.
-    pub wins: usize,
-    pub losses: usize,
-}
-
-impl PairedDiff {
-    pub fn of(diffs: &[f64]) -> Self {
-        let (mean, sd) = mean_std(diffs);
-        let half =
-            if diffs.len() > 1 { t_975(diffs.len() - 1) * sd / (diffs.len() as f64).sqrt() } else { f64::INFINITY };
-        PairedDiff {
-            n: diffs.len(),
-            mean,
-            lo: mean - half,
-            hi: mean + half,
-            wins: diffs.iter().filter(|d| **d > 0.0).count(),
-            losses: diffs.iter().filter(|d| **d < 0.0).count(),
-        }
-    }
-}
+pub use grove_rundir::stats::{PairedDiff, mean_std, t_975};
 
 fn score(report: &EvalReport, source: &str) -> f64 {
     report.get(source).map_or(0.0, |s| s.score)
@@ -850,8 +838,20 @@ pub fn format_table(results: &ExperimentResults) -> String {
         }
         s.push('\n');
         format_by_step(&mut s, cfg, r, &srcs);
+        if let Some(a) = &cfg.analysis {
+            let floor = world_floor(&cfg.train.train_data);
+            s.push_str(&crate::analysis::format(cfg, r, a, floor.as_ref()));
+        }
     }
     s
+}
+
+/// The no-search floor of the world whose training questions are `train_data`, when they are a
+/// `trainer world` folder's.
+fn world_floor(train_data: &Path) -> Option<crate::world::Floor> {
+    let dir = train_data.parent()?;
+    let spec = crate::world::WorldSpec::read(dir).ok()?;
+    Some(spec.floor())
 }
 
 /// A markdown table's header and separator rows: the `fixed` columns, then one per `cols`.

@@ -7,6 +7,7 @@
 //! through channels.
 
 pub mod algo;
+pub mod analysis;
 pub mod bench;
 pub mod budget;
 pub mod data;

@@ -62,7 +62,43 @@ pub struct DemoArgs {
     /// Build with `--release` (slower to build, faster to run).
     #[arg(long)]
     pub release: bool,
+    /// Learning rate of the small policy's RL.
+    #[arg(long, default_value_t = DEMO_RL.lr)]
+    pub rl_lr: f64,
+    /// k3 KL coefficient of the small policy's RL.
+    #[arg(long, default_value_t = DEMO_RL.kl)]
+    pub rl_kl: f64,
+    /// Sampling temperature of the small policy's rollouts.
+    #[arg(long, default_value_t = DEMO_RL.temperature)]
+    pub rl_temperature: f64,
+    /// Seeds of the small policy's RL, one run each from the same warm start (`rl/` for the
+    /// first, `rl-seed-N/` for the others); with several, the summary gives the paired
+    /// difference after − before with its 95% interval.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub rl_seeds: Vec<u64>,
+    /// The questions the small policy is evaluated on before and after RL: the held-out ones
+    /// (the demo's figure), or a fixed sample of 100 *training* questions, on which settings
+    /// are chosen without looking at held-out data.
+    #[arg(long, value_enum, default_value = "held-out")]
+    pub rl_eval_on: EvalOn,
 }
+
+/// Which questions judge the small policy's RL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalOn {
+    HeldOut,
+    Train,
+}
+
+/// The small policy's RL settings in the demo.
+pub(crate) struct DemoRl {
+    pub lr: f64,
+    pub kl: f64,
+    pub temperature: f64,
+}
+
+/// The demo's defaults (see the README for how they were chosen).
+pub(crate) const DEMO_RL: DemoRl = DemoRl { lr: 3e-4, kl: 0.001, temperature: 1.0 };
 
 /// An env-server child process, killed on drop.
 pub(crate) struct Server {
@@ -272,9 +308,21 @@ impl Ctx {
     /// Greedy `trainer eval` of `model` on a seeded sample (seed 0) of `questions` questions of
     /// the world's question file `data`, played as the small policy plays (the world's prompt,
     /// 4 turns of 48 new tokens, top-1 search): writes `<out>/<json>`.
-    pub(crate) fn eval_world(&self, model: &str, env: &str, data: &str, questions: usize, json: &str) -> Result<()> {
+    /// Greedy evaluation of `model` on a seeded sample of `questions` of `data`, with libtorch on
+    /// `threads` threads (the count is part of what makes the figure reproducible).
+    pub(crate) fn eval_world(
+        &self,
+        threads: &str,
+        model: &str,
+        env: &str,
+        data: &str,
+        questions: usize,
+        json: &str,
+    ) -> Result<()> {
         let questions = questions.to_string();
         self.trainer(&[
+            "--threads",
+            threads,
             "eval",
             "--model",
             model,
@@ -310,22 +358,30 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     ctx.warm_start(&server.url, args.warm_passes, args.sft_epochs)?;
 
     util::banner("Tree-GRPO (2,2,1) from the SFT policy, evaluated before and after");
-    let config = demo_train_config(&server.url, args);
-    std::fs::write(out.join("train.toml"), config)?;
-    let _ = std::fs::remove_dir_all(out.join("rl"));
-    ctx.trainer(&["train", "--config", "train.toml"])?;
-    let run = grove_rundir::RunDir::new(out.join("rl"));
-    let before = run.eval(0)?.greedy;
-    let after = run.eval(args.steps)?.greedy;
-    let rewards = run
-        .metrics()?
-        .chunks(10)
-        .map(|b| b.iter().map(|m| m.reward_mean).sum::<f64>() / b.len() as f64)
-        .collect::<Vec<_>>();
+    let mut small = Vec::new();
+    for &seed in &args.rl_seeds {
+        let dir = rl_dir(args, seed);
+        let file = format!("{dir}.toml");
+        std::fs::write(out.join(&file), demo_train_config(&server.url, args, seed, &dir))?;
+        let _ = std::fs::remove_dir_all(out.join(&dir));
+        ctx.trainer(&["train", "--config", &file])?;
+        let run = grove_rundir::RunDir::new(out.join(&dir));
+        let rewards = run
+            .metrics()?
+            .chunks(10)
+            .map(|b| b.iter().map(|m| m.reward_mean).sum::<f64>() / b.len() as f64)
+            .collect::<Vec<_>>();
+        small.push(SmallRun { seed, before: run.eval(0)?.greedy, after: run.eval(args.steps)?.greedy, rewards });
+    }
+    let run = grove_rundir::RunDir::new(out.join(rl_dir(args, args.rl_seeds[0])));
 
     let smol = if args.skip_smollm2 { None } else { Some(smollm2_learns(&ctx, &server.url, args)?) };
     let smol_rl = if args.full && !args.skip_smollm2 && args.smollm2_rl_steps > 0 {
-        Some(smollm2_tree_grpo(&ctx, &server.url, args)?)
+        let rl = smollm2_tree_grpo(&ctx, &server.url, args, SMOLLM2_RL_LR, "smollm2-rl")?;
+        // The same steps on the same prompts with the same seed at learning rate 0: what the
+        // evaluation gives when nothing is learned, so the reader can tell learning from noise.
+        let control = smollm2_tree_grpo(&ctx, &server.url, args, "0", "smollm2-rl-control")?;
+        Some((rl, control))
     } else {
         None
     };
@@ -338,7 +394,7 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         let corpus = grove_datasets::assets::wiki_summaries_corpus();
         let server = start_server(&ctx.env_server, &corpus, &out.join("env-server-wiki.log"))?;
         let mut cmd = Command::new(&ctx.trainer);
-        cmd.arg("eval")
+        cmd.args(["--threads", SMOLLM2_THREADS, "eval"])
             .arg("--model")
             .arg(&hf)
             .args(["--env", &server.url, "--data"])
@@ -351,14 +407,7 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     }
 
     util::banner("demo summary");
-    println!("small policy (from scratch, SFT warm start) on held-out synthetic questions, greedy EM:");
-    println!("  {:<18} {:>8} {:>8} {:>16}", "data source", "before", "after", "tools/q after");
-    for (src, b) in &before {
-        let (a, tools) = after.get(src).map_or((0.0, 0.0), |s| (s.score, s.tool_calls_per_question));
-        println!("  {src:<18} {:>8.3} {a:>8.3} {tools:>16.2}", b.score);
-    }
-    let rewards = rewards.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" / ");
-    println!("  training reward (training questions), mean per block of 10 steps: {rewards}");
+    print_small(args, &small);
     if let Some((before, after)) = &smol {
         println!(
             "SmolLM2-135M-Instruct on held-out synthetic questions it was not trained on, greedy EM, before and after \
@@ -376,24 +425,27 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
                 b.questions, b.score, a.score, b.tool_calls_per_question, a.tool_calls_per_question
             );
         }
-        if let Some(rl) = &smol_rl {
+        if let Some((rl, control)) = &smol_rl {
             println!(
                 "SmolLM2-135M-Instruct after {} Tree-GRPO (2,2,1) steps from that warm start ({} training prompts per \
-                 step, lr {SMOLLM2_RL_LR}, fixed before any run), same held-out questions:",
+                 step, lr {SMOLLM2_RL_LR}, fixed before any run), and the same steps at lr 0 (same seed and \
+                 prompts: the control), same held-out questions:",
                 args.smollm2_rl_steps, args.smollm2_rl_prompts
             );
             println!(
-                "  {:<18} {:>9} {:>10} {:>8} {:>14}",
-                "data source", "questions", "after SFT", "after RL", "tools/q after"
+                "  {:<18} {:>9} {:>10} {:>8} {:>11} {:>14}",
+                "data source", "questions", "after SFT", "after RL", "control", "tools/q after"
             );
             for (src, r) in &rl.eval {
                 let a = after.get(src).cloned().unwrap_or_default();
+                let c = control.eval.get(src).map_or(0.0, |c| c.score);
                 println!(
-                    "  {src:<18} {:>9} {:>10.3} {:>8.3} {:>14.2}",
+                    "  {src:<18} {:>9} {:>10.3} {:>8.3} {c:>11.3} {:>14.2}",
                     r.questions, a.score, r.score, r.tool_calls_per_question
                 );
             }
             println!("  training reward per step: {} (one seed; a step's mean over its prompts)", rl.rewards);
+            println!("  control's training reward per step: {}", control.rewards);
         }
     }
     if let Some(s) = fanout {
@@ -442,12 +494,14 @@ fn smollm2_learns(
         "smollm2-trajectories.jsonl",
     ])?;
     let evaluate = |model: &str, json: &str| -> Result<grove_rundir::EvalReport> {
-        ctx.eval_world(model, env, "world/test.jsonl", args.smollm2_questions, json)?;
+        ctx.eval_world(SMOLLM2_THREADS, model, env, "world/test.jsonl", args.smollm2_questions, json)?;
         read_eval_json(&ctx.out.join(json))
     };
     let before = evaluate(hf, "smollm2-before.json")?;
     let trajectories = args.smollm2_trajectories.to_string();
     ctx.trainer(&[
+        "--threads",
+        SMOLLM2_THREADS,
         "sft",
         "--model",
         hf,
@@ -469,6 +523,10 @@ fn smollm2_learns(
     Ok((before, after))
 }
 
+/// libtorch threads of every SmolLM2 command: pinned (the trainer's default is 1, which suits the
+/// 1M-parameter policy), so its figures are the same on any machine with at least 2 cores.
+pub(crate) const SMOLLM2_THREADS: &str = "2";
+
 /// The learning rate of SmolLM2's Tree-GRPO steps in `--full`: fixed before any run, neither swept
 /// nor chosen on held-out questions (the spec's 1e-6 is for thousands of prompts; a few steps at it
 /// leave a 135M model where it was).
@@ -484,16 +542,21 @@ struct SmolRl {
 /// `--full`: a few Tree-GRPO steps of SmolLM2 from its SFT warm start on the world's training
 /// questions, then the same greedy evaluation on the same held-out sample as before and after
 /// the warm start.
-fn smollm2_tree_grpo(ctx: &Ctx, env: &str, args: &DemoArgs) -> Result<SmolRl> {
-    util::banner("SmolLM2-135M-Instruct: a few Tree-GRPO steps from its warm start, evaluated again");
-    std::fs::write(ctx.out.join("smollm2-train.toml"), smollm2_train_config(env, args))?;
-    let _ = std::fs::remove_dir_all(ctx.out.join("smollm2-rl"));
-    ctx.trainer(&["train", "--config", "smollm2-train.toml"])?;
-    let run = grove_rundir::RunDir::new(ctx.out.join("smollm2-rl"));
+fn smollm2_tree_grpo(ctx: &Ctx, env: &str, args: &DemoArgs, lr: &str, dir: &str) -> Result<SmolRl> {
+    util::banner(&format!(
+        "SmolLM2-135M-Instruct: {} Tree-GRPO steps at lr {lr} from its warm start",
+        args.smollm2_rl_steps
+    ));
+    let config = format!("{dir}.toml");
+    std::fs::write(ctx.out.join(&config), smollm2_train_config(env, args, lr, dir))?;
+    let _ = std::fs::remove_dir_all(ctx.out.join(dir));
+    ctx.trainer(&["--threads", SMOLLM2_THREADS, "train", "--config", &config])?;
+    let run = grove_rundir::RunDir::new(ctx.out.join(dir));
     let checkpoint = run.latest_checkpoint().context("SmolLM2's Tree-GRPO run wrote no checkpoint")?;
     let checkpoint = checkpoint.to_str().context("checkpoint path is not UTF-8")?.to_string();
-    ctx.eval_world(&checkpoint, env, "world/test.jsonl", args.smollm2_questions, "smollm2-rl.json")?;
-    let eval = read_eval_json(&ctx.out.join("smollm2-rl.json"))?;
+    let json = format!("{dir}.json");
+    ctx.eval_world(SMOLLM2_THREADS, &checkpoint, env, "world/test.jsonl", args.smollm2_questions, &json)?;
+    let eval = read_eval_json(&ctx.out.join(&json))?;
     let metrics = run.metrics()?;
     if metrics.is_empty() {
         bail!("SmolLM2's Tree-GRPO run recorded no step");
@@ -503,12 +566,12 @@ fn smollm2_tree_grpo(ctx: &Ctx, env: &str, args: &DemoArgs) -> Result<SmolRl> {
 }
 
 /// The `trainer train` configuration of SmolLM2's Tree-GRPO steps (`--full`).
-fn smollm2_train_config(env: &str, args: &DemoArgs) -> String {
+fn smollm2_train_config(env: &str, args: &DemoArgs, lr: &str, dir: &str) -> String {
     format!(
         r#"# Written by `cargo xtask demo --full`.
 model = "smollm2-sft"
 {world}
-out_dir = "smollm2-rl"
+out_dir = "{dir}"
 steps = {steps}
 prompts_per_step = {prompts}
 method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
@@ -524,33 +587,98 @@ trees_every = 0
         world = world_keys(env),
         steps = args.smollm2_rl_steps,
         prompts = args.smollm2_rl_prompts,
-        lr = SMOLLM2_RL_LR,
         world_rl = WORLD_RL_SETTINGS,
     )
 }
 
-/// The `trainer train` configuration of the demo's RL run.
-fn demo_train_config(env: &str, args: &DemoArgs) -> String {
+/// One seed of the small policy's RL: its evaluations before and after, and its training reward
+/// per block of 10 steps.
+struct SmallRun {
+    seed: u64,
+    before: grove_rundir::EvalReport,
+    after: grove_rundir::EvalReport,
+    rewards: Vec<f64>,
+}
+
+/// The run folder of the small policy's RL with `seed`.
+fn rl_dir(args: &DemoArgs, seed: u64) -> String {
+    let on = match args.rl_eval_on {
+        EvalOn::HeldOut => "",
+        EvalOn::Train => "-train-eval",
+    };
+    if seed == args.rl_seeds[0] { format!("rl{on}") } else { format!("rl{on}-seed-{seed}") }
+}
+
+/// The small policy's part of the summary: per seed, and over seeds when there are several.
+fn print_small(args: &DemoArgs, small: &[SmallRun]) {
+    let on = match args.rl_eval_on {
+        EvalOn::HeldOut => "held-out synthetic questions",
+        EvalOn::Train => "a fixed sample of 100 training questions",
+    };
+    println!(
+        "small policy (from scratch, SFT warm start) on {on}, greedy EM, before and after {} Tree-GRPO steps (lr {:e}, \
+         KL {}, T {}):",
+        args.steps, args.rl_lr, args.rl_kl, args.rl_temperature
+    );
+    for run in small {
+        println!("  seed {}:", run.seed);
+        println!("    {:<18} {:>8} {:>8} {:>16}", "data source", "before", "after", "tools/q after");
+        for (src, b) in &run.before {
+            let (a, tools) = run.after.get(src).map_or((0.0, 0.0), |s| (s.score, s.tool_calls_per_question));
+            println!("    {src:<18} {:>8.3} {a:>8.3} {tools:>16.2}", b.score);
+        }
+        let rewards = run.rewards.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" / ");
+        println!("    training reward (training questions), mean per block of 10 steps: {rewards}");
+    }
+    if small.len() > 1 {
+        let score = |r: &grove_rundir::EvalReport| r.get("all").map_or(0.0, |s| s.score);
+        let diffs: Vec<f64> = small.iter().map(|r| score(&r.after) - score(&r.before)).collect();
+        let d = grove_rundir::stats::PairedDiff::of(&diffs);
+        println!(
+            "  over {} seeds, EM after − before: {:+.3} [{:+.3}, {:+.3}] (95% t interval; {} up, {} down)",
+            d.n, d.mean, d.lo, d.hi, d.wins, d.losses
+        );
+    }
+}
+
+/// The `trainer train` configuration of one seed of the demo's RL run.
+fn demo_train_config(env: &str, args: &DemoArgs, seed: u64, dir: &str) -> String {
+    let eval = match args.rl_eval_on {
+        EvalOn::HeldOut => String::new(),
+        // Replaces `world_keys`' held-out file: the same 100 training questions for every seed.
+        EvalOn::Train => "eval_max_questions = 100\neval_seed = 0\n".into(),
+    };
+    let world = match args.rl_eval_on {
+        EvalOn::HeldOut => world_keys(env),
+        EvalOn::Train => world_keys(env).replace("world/test.jsonl", "world/train.jsonl"),
+    };
     format!(
         r#"# Written by `cargo xtask demo`.
 model = "sft"
 {world}
-out_dir = "rl"
+out_dir = "{dir}"
+seed = {seed}
 steps = {steps}
 prompts_per_step = {prompts}
 method = {{ kind = "tree", m = 2, n = 2, l = 1, k = 3 }}
-lr = 3e-4
-{world_rl}
+lr = {lr:e}
+{rollout}
+temperature = {temperature}
+top_p = 0.95
+kl_coef = {kl}
+entropy_coef = 0.001
 {batching}
 eval_every = {steps}
 eval_before = true
 eval_sampled = false
-save_every = 0
+{eval}save_every = 0
 "#,
-        world = world_keys(env),
         steps = args.steps,
         prompts = args.prompts,
-        world_rl = WORLD_RL_SETTINGS,
+        lr = args.rl_lr,
+        rollout = WORLD_ROLLOUT,
+        temperature = args.rl_temperature,
+        kl = args.rl_kl,
         batching = SMALL_POLICY_BATCHING,
     )
 }
@@ -580,6 +708,15 @@ temperature = 1.0
 top_p = 0.95
 kl_coef = 0.001
 entropy_coef = 0.001
+topk = 1";
+
+/// The rollout-shape keys of [`WORLD_RL_SETTINGS`], for a config that sets its own sampling and
+/// loss coefficients.
+const WORLD_ROLLOUT: &str = "max_turns = 4
+max_obs_tokens = 200
+max_new_tokens = 48
+max_response_tokens = 1024
+max_context = 2048
 topk = 1";
 
 /// Update batching of the small policy (the demo's RL run and the experiment): 4 mini-batches per

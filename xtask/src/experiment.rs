@@ -67,6 +67,26 @@ pub struct ExperimentArgs {
     /// Evaluate on the held-out set every this many steps (default: half the steps).
     #[arg(long)]
     pub eval_every: Option<u64>,
+    /// Warm up every arm's learning rate over this fraction of the steps (default: each method's
+    /// own, from the spec: 0.285 for trees, 0.5 for chains). One value for both arms removes the
+    /// difference in integrated learning rate between them.
+    #[arg(long)]
+    pub warmup_ratio: Option<f64>,
+    /// Evaluate sampled (the rollout's temperature and top-p) as well as greedily, at the start
+    /// and at every evaluation step.
+    #[arg(long)]
+    pub eval_sampled: bool,
+    /// The pre-registered analysis: each run's primary metric is its mean greedy held-out EM over
+    /// this many last evaluations, reported per regime in `table.md` with the decision rules.
+    #[arg(long)]
+    pub analysis_last_evals: Option<usize>,
+    /// The analysis's "no effect" margin (with `--analysis-last-evals`).
+    #[arg(long, default_value_t = 0.03, requires = "analysis_last_evals")]
+    pub no_effect_margin: f64,
+    /// Train nothing: analyse the finished runs (the record's, for `--record`) once, on complete
+    /// pairs, as a protocol's stop rule says.
+    #[arg(long)]
+    pub report_only: bool,
     /// A folder to commit that makes the experiment resumable on another machine: it keeps the
     /// world and the warm starts (so every run of every session starts from the same weights)
     /// and, as each run finishes, its configuration, metrics and evaluations. What it holds is
@@ -187,9 +207,9 @@ prompts_per_step = {prompts}
 {world_rl}
 {batching}
 eval_every = {eval_every}
-eval_sampled = false
+eval_sampled = {eval_sampled}
 save_every = 0
-{lr}
+{warmup}{lr}{analysis}
 {regimes}{arms}"#,
         seeds = plan.seeds,
         world = world_keys(env),
@@ -198,9 +218,18 @@ save_every = 0
         steps = plan.steps,
         prompts = plan.prompts,
         eval_every = args.eval_every.unwrap_or(plan.steps / 2).max(1),
+        eval_sampled = args.eval_sampled,
+        warmup = match args.warmup_ratio {
+            Some(w) => format!("warmup_ratio = {w}\n"),
+            None => String::new(),
+        },
         lr = match args.lr {
             Some(lr) => format!("lr = {lr:e}\n"),
             None => format!("\n[lr_sweep]\nlrs = [{}]\nseeds = [1000]\njudge_last = 0.5\n", plan.lrs),
+        },
+        analysis = match args.analysis_last_evals {
+            Some(k) => format!("\n[analysis]\nlast_evals = {k}\nno_effect_margin = {}\n", args.no_effect_margin),
+            None => String::new(),
         },
         record = match &args.record {
             // The trainer's run folders are under `experiment/`; the record mirrors them there.
@@ -334,7 +363,7 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
         for r in selected(args) {
             let name = r.model();
             util::banner(&format!("`{name}`: greedy EM on 100 training questions (sample seed 0)"));
-            ctx.eval_world(&name, &server.url, "world/train.jsonl", 100, &format!("{name}-train-check.json"))?;
+            ctx.eval_world("1", &name, &server.url, "world/train.jsonl", 100, &format!("{name}-train-check.json"))?;
         }
         return Ok(());
     }
@@ -346,6 +375,9 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
         budgets.join(" and "),
         names.join(" and ")
     ));
+    if args.report_only {
+        return ctx.trainer(&["experiment", "--config", "experiment.toml", "--report-only"]);
+    }
     ctx.trainer(&["experiment", "--config", "experiment.toml"])
 }
 
@@ -385,6 +417,23 @@ mod tests {
         assert!(record < first_table, "a key after a table header belongs to that table:\n{toml}");
         let cli = Cli::parse_from(["experiment"]);
         assert!(!config("ws://127.0.0.1:1/", &Plan::of(&cli.args), &cli.args).contains("record"));
+    }
+
+    #[test]
+    fn one_warmup_ratio_and_sampled_evaluation_reach_the_trainer_config() {
+        use clap::Parser;
+        let cli = Cli::parse_from(["experiment", "--lr", "3e-4", "--warmup-ratio", "0.285", "--eval-sampled"]);
+        let toml = config("ws://127.0.0.1:1/", &Plan::of(&cli.args), &cli.args);
+        // Both keys belong to `[train]`: after its header and before the next table's.
+        let train = toml.find("[train]\n").unwrap();
+        let next = train + toml[train..].find("\n[[").unwrap();
+        for key in ["warmup_ratio = 0.285\n", "eval_sampled = true\n"] {
+            let at = toml.find(key).unwrap_or_else(|| panic!("{key:?} missing:\n{toml}"));
+            assert!(train < at && at < next, "{key:?} outside [train]:\n{toml}");
+        }
+        let cli = Cli::parse_from(["experiment", "--lr", "3e-4"]);
+        let toml = config("ws://127.0.0.1:1/", &Plan::of(&cli.args), &cli.args);
+        assert!(!toml.contains("warmup_ratio"), "each method's own warm-up by default:\n{toml}");
     }
 
     #[test]

@@ -194,6 +194,24 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
             &[("GROVE_ENV_SERVER", env_server.as_path()), ("GROVE_REQUIRE_ENV_SERVER", Path::new("1"))],
         )
     })?;
+    let verl_venv = python::verl_venv_dir();
+    phase("verl venv", &mut || python::ensure_verl_venv(root, &verl_venv))?;
+    phase("verl tests", &mut || {
+        // verl's real agent-loop and estimator code against a real env-server, with SmolLM2
+        // generating on the CPU (clients/verl/tests).
+        let env_server = python::env_server_binary(root);
+        let gguf = grove_datasets::assets::smollm2_gguf();
+        python::pytest(
+            &verl_venv,
+            root,
+            &["clients/verl/tests"],
+            &[
+                ("GROVE_ENV_SERVER", env_server.as_path()),
+                ("GROVE_REQUIRE_ENV_SERVER", Path::new("1")),
+                ("GROVE_SMOLLM2_GGUF", gguf.as_path()),
+            ],
+        )
+    })?;
     util::banner("summary");
     for (name, secs) in &phases {
         println!("  {name:<20} {secs:>8.1} s");

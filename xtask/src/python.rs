@@ -40,6 +40,35 @@ pub fn ensure_venv(venv: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The venv of the verl integration tests (`clients/verl`): verl from the registry with the exact
+/// package set its tests ran with (`clients/verl/requirements-test.txt`, a `pip freeze`; torch is
+/// the registry's 2.11.0 build, which runs on the CPU). Several GB, so it lives in the cache.
+pub fn verl_venv_dir() -> PathBuf {
+    grove_datasets::assets::cache_dir().join("verl-venv")
+}
+
+/// Create or refresh the verl venv: every pinned package installed without resolving (the pins
+/// are the whole closure), recreated when the pin file changes.
+pub fn ensure_verl_venv(root: &Path, venv: &Path) -> Result<()> {
+    let pins = root.join("clients/verl/requirements-test.txt");
+    let wanted = std::fs::read_to_string(&pins).with_context(|| format!("read {}", pins.display()))?;
+    let stamp = venv.join("grove-requirements.txt");
+    if python(venv).exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(());
+    }
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("remove stale venv {}", venv.display()))?;
+    }
+    let mut cmd = Command::new(util::python_for_pip());
+    cmd.args(["-m", "venv"]).arg(venv);
+    util::run_cmd(&mut cmd).context("cannot create the verl venv (is python3-venv installed?)")?;
+    let mut pip = Command::new(python(venv));
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "-r"]).arg(&pins);
+    util::run_cmd(&mut pip).context("pip install of the verl test packages failed")?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(())
+}
+
 /// Run pytest on `paths` (relative to `root`) with extra environment variables.
 pub fn pytest(venv: &Path, root: &Path, paths: &[&str], envs: &[(&str, &Path)]) -> Result<()> {
     let mut cmd = Command::new(python(venv));

@@ -84,6 +84,7 @@ pub struct PendingAction {
     pub step: StepKey,
     pub slot: usize,
     pub action: Action,
+    pub data: Option<grove_protocol::StepData>,
 }
 
 /// A search that went out to a backend; the step completes when its batch comes back.
@@ -95,6 +96,7 @@ pub struct AwaitingSearch {
     /// The query, or the URL of an `open`.
     pub query: String,
     pub tool: Tool,
+    pub data: Option<grove_protocol::StepData>,
 }
 
 /// The tools that go out of the sim: a search at a backend, or a page fetch.

@@ -4,6 +4,7 @@
 //! the search batches for the caller to deliver.
 
 mod components;
+mod forest;
 mod systems;
 mod transcript;
 
@@ -69,6 +70,7 @@ impl Sim {
         world.init_resource::<Steps>();
         world.init_resource::<Directory>();
         world.init_resource::<Counters>();
+        world.init_resource::<forest::Forests>();
         let mut schedule = Schedule::default();
         schedule.add_systems(
             (
@@ -77,6 +79,7 @@ impl Sim {
                 systems::resolve_actions,
                 systems::dispatch_searches,
                 systems::score_finished,
+                forest::advance_forests,
                 systems::fail_orphaned_steps,
                 systems::emit_replies,
                 systems::reap,
@@ -202,7 +205,11 @@ mod tests {
         let Response::EpisodesCreated(c) = &out.replies[0].envelope.msg else { panic!("{out:?}") };
         let id = c.episodes[0].as_ref().unwrap().episode;
         for s in 0..depth {
-            let a = StepAction { episode: id, action: Action::Text(format!("step {s} with some words of text")) };
+            let a = StepAction {
+                episode: id,
+                action: Action::Text(format!("step {s} with some words of text")),
+                data: None,
+            };
             sim.submit(1, 2, Request::Step(Step { actions: vec![a] }));
             sim.tick(Instant::now());
         }
@@ -245,7 +252,7 @@ mod tests {
         // Touch a second episode later; only the first goes idle.
         let busy = episode_at_depth(&mut s, 0);
         assert_ne!(idle, busy);
-        let a = StepAction { episode: busy, action: Action::Text("x".into()) };
+        let a = StepAction { episode: busy, action: Action::Text("x".into()), data: None };
         s.submit(1, 9, Request::Step(Step { actions: vec![a] }));
         s.tick(t0 + Duration::from_secs(50));
         s.tick(t0 + Duration::from_secs(61));
@@ -258,7 +265,7 @@ mod tests {
     fn a_closed_episode_with_a_search_in_flight_is_answered() {
         let mut s = sim();
         let e = episode_at_depth(&mut s, 0);
-        let a = StepAction { episode: e, action: Action::Text("<search> q </search>".into()) };
+        let a = StepAction { episode: e, action: Action::Text("<search> q </search>".into()), data: None };
         s.submit(1, 10, Request::Step(Step { actions: vec![a] }));
         let out = s.tick(Instant::now());
         assert_eq!(out.searches.len(), 1);

@@ -14,6 +14,7 @@ use grove_datasets::metrics::{Scored, compute_reward};
 use grove_protocol::*;
 
 use super::components::*;
+use super::forest::{FOREST_OWNER_FLOOR, ForestHold, Forests};
 use super::transcript::{StepRecord, Transcript};
 use crate::config::ToolErrors;
 use crate::search::{RenderFormat, SearchError, render};
@@ -56,6 +57,7 @@ fn handle_request(world: &mut World, conn: ConnId, id: RequestId, request: Reque
         Request::GetTranscript(t) => transcript(world, conn, t.episode),
         Request::Stats => Response::Stats(stats(world)),
         Request::Ping(p) => Response::Pong(p),
+        Request::JoinForest(j) => return super::forest::join(world, conn, id, j),
         Request::Hello(_) => Response::Error(ErrorInfo::new(
             ErrorCode::HandshakeRequired,
             "Hello is only valid once, as the first request",
@@ -72,7 +74,24 @@ fn owned(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, Erro
         })?;
     match world.get::<Owner>(entity) {
         Some(Owner(o)) if *o == conn => Ok(entity),
+        Some(Owner(o)) if *o >= FOREST_OWNER_FLOOR => Err(ErrorInfo::for_episode(
+            ErrorCode::NotOwner,
+            episode,
+            "the episode belongs to a forest: its row may step and read it, only the forest forks and closes it",
+        )),
         _ => Err(ErrorInfo::for_episode(ErrorCode::NotOwner, episode, "the episode belongs to another connection")),
+    }
+}
+
+/// [`owned`], or a forest episode granted to `conn` (steps and transcripts only).
+fn owned_or_held(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
+    let entity =
+        *world.resource::<Directory>().by_id.get(&episode).ok_or_else(|| {
+            ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}"))
+        })?;
+    match world.get::<ForestHold>(entity) {
+        Some(h) if h.holder == conn => Ok(entity),
+        _ => owned(world, conn, episode),
     }
 }
 
@@ -108,7 +127,7 @@ fn new_episode_id(world: &mut World, conn: ConnId) -> EpisodeId {
     dir.next_episode
 }
 
-fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
+pub(super) fn create(world: &mut World, conn: ConnId, c: CreateEpisodes) -> Response {
     let settings = world.resource::<SimSettings>().clone();
     if let Some(e) = batch_error("tasks", c.tasks.len(), settings.limits.max_batch) {
         return Response::Error(e);
@@ -209,7 +228,7 @@ fn step_intake(world: &mut World, conn: ConnId, id: RequestId, s: Step) {
     };
     let mut seen = HashSet::new();
     for (slot, a) in s.actions.into_iter().enumerate() {
-        let checked = owned(world, conn, a.episode).and_then(|entity| {
+        let checked = owned_or_held(world, conn, a.episode).and_then(|entity| {
             if !seen.insert(a.episode) {
                 return Err(ErrorInfo::for_episode(
                     ErrorCode::DuplicateEpisode,
@@ -250,11 +269,20 @@ fn step_intake(world: &mut World, conn: ConnId, id: RequestId, s: Step) {
                     format!("action of {len} characters; the limit is {}", limits.max_action_chars),
                 ));
             }
+            if let Some(d) = &a.data
+                && d.0.len() > limits.max_step_data_bytes
+            {
+                return Err(ErrorInfo::for_episode(
+                    ErrorCode::DataTooLarge,
+                    a.episode,
+                    format!("{} bytes of step data; the limit is {}", d.0.len(), limits.max_step_data_bytes),
+                ));
+            }
             Ok(entity)
         });
         match checked {
             Ok(entity) => {
-                world.entity_mut(entity).insert(PendingAction { step: key, slot, action: a.action });
+                world.entity_mut(entity).insert(PendingAction { step: key, slot, action: a.action, data: a.data });
             }
             Err(e) => world.resource_mut::<Steps>().fill(key, slot, Err(e)),
         }
@@ -277,7 +305,7 @@ fn fork(world: &mut World, conn: ConnId, f: Fork) -> Response {
     Response::Forked(Forked { results })
 }
 
-fn fork_one(
+pub(super) fn fork_one(
     world: &mut World,
     conn: ConnId,
     spec: &ForkSpec,
@@ -348,7 +376,7 @@ fn fork_one(
 }
 
 /// Remove an episode entity and its directory entries.
-fn remove(world: &mut World, episode: EpisodeId, entity: Entity) {
+pub(super) fn remove(world: &mut World, episode: EpisodeId, entity: Entity) {
     let owner = world.get::<Owner>(entity).map(|o| o.0);
     world.despawn(entity);
     world.resource_mut::<Directory>().forget(episode, owner);
@@ -375,7 +403,7 @@ fn close(world: &mut World, conn: ConnId, c: &Close) -> Response {
 }
 
 fn transcript(world: &World, conn: ConnId, episode: EpisodeId) -> Response {
-    let entity = match owned(world, conn, episode) {
+    let entity = match owned_or_held(world, conn, episode) {
         Ok(e) => e,
         Err(e) => return Response::Error(e),
     };
@@ -400,6 +428,7 @@ fn transcript(world: &World, conn: ConnId, episode: EpisodeId) -> Response {
                 kind: s.kind,
                 content: s.content.clone(),
                 observation: s.observation.clone(),
+                data: s.data.clone(),
             })
             .collect(),
         reward: outcome.0.clone(),
@@ -410,6 +439,7 @@ pub fn stats(world: &World) -> ServerStats {
     let c = world.resource::<Counters>();
     let dir = world.resource::<Directory>();
     let settings = world.resource::<SimSettings>();
+    let forests = world.resource::<Forests>();
     let now = world.resource::<Now>().0;
     ServerStats {
         episodes_live: dir.live() as u64,
@@ -419,8 +449,11 @@ pub fn stats(world: &World) -> ServerStats {
         steps: c.steps,
         forks: c.forks,
         searches: c.searches,
-        connections: dir.per_conn.len() as u64,
+        connections: dir.per_conn.keys().filter(|c| **c < FOREST_OWNER_FLOOR).count() as u64,
         uptime_ms: now.saturating_duration_since(settings.started).as_millis() as u64,
+        forests_live: forests.live() as u64,
+        forests_finished: forests.finished,
+        forests_expired: forests.expired,
         providers: Default::default(),
     }
 }
@@ -439,6 +472,7 @@ fn disconnect(world: &mut World, conn: ConnId) {
     }
     world.resource_mut::<Directory>().per_conn.remove(&conn);
     world.resource_mut::<Steps>().open.retain(|_, s| s.conn != conn);
+    super::forest::forget_conn(world, conn);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,6 +538,7 @@ pub fn resolve_actions(
                 action: action_text,
                 query: parsed.content,
                 tool,
+                data: pending.data.clone(),
             });
             continue;
         }
@@ -514,7 +549,13 @@ pub fn resolve_actions(
         let obs = record_step(
             &mut history,
             &mut turns,
-            StepRecord { action: action_text, kind: parsed.kind, content: parsed.content, observation },
+            StepRecord {
+                action: action_text,
+                kind: parsed.kind,
+                content: parsed.content,
+                observation,
+                data: pending.data.clone(),
+            },
             key.0,
             done,
             forced_final,
@@ -624,7 +665,13 @@ pub fn apply_search_results(
             let mut obs = record_step(
                 &mut history,
                 &mut turns,
-                StepRecord { action: awaiting.action.clone(), kind, content: awaiting.query.clone(), observation },
+                StepRecord {
+                    action: awaiting.action.clone(),
+                    kind,
+                    content: awaiting.query.clone(),
+                    observation,
+                    data: awaiting.data.clone(),
+                },
                 key.0,
                 false,
                 false,
@@ -738,7 +785,8 @@ pub fn reap(
     for (entity, key, clock, owner, phase) in &episodes {
         let idle_too_long = now.0.saturating_duration_since(clock.touched) >= idle;
         let too_old = now.0.saturating_duration_since(clock.created) >= max_age;
-        if *phase == Phase::Searching || !(idle_too_long || too_old) {
+        // A forest's episodes live as long as the forest (its timeout reclaims them).
+        if *phase == Phase::Searching || owner.0 >= FOREST_OWNER_FLOOR || !(idle_too_long || too_old) {
             continue;
         }
         commands.entity(entity).despawn();

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use grove_protocol::ActionKind;
+use grove_protocol::{ActionKind, StepData};
 
 /// One completed step as the environment recorded it.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +16,8 @@ pub struct StepRecord {
     pub content: String,
     /// The observation appended after the action (empty for answers and the final turn).
     pub observation: String,
+    /// The client's bytes sent with the action (`StepAction::data`).
+    pub data: Option<StepData>,
 }
 
 #[derive(Debug)]
@@ -84,7 +86,11 @@ impl Transcript {
                 break;
             }
             let s = &n.step;
-            total += size_of::<Node>() + s.action.len() + s.content.len() + s.observation.len();
+            total += size_of::<Node>()
+                + s.action.len()
+                + s.content.len()
+                + s.observation.len()
+                + s.data.as_ref().map_or(0, |d| d.0.len());
             cur = n.prev.as_ref();
         }
         total
@@ -114,6 +120,7 @@ mod tests {
             kind: ActionKind::Search,
             content: format!("q{i}"),
             observation: format!("o{i}"),
+            data: None,
         }
     }
 
@@ -157,6 +164,7 @@ mod tests {
                 kind: ActionKind::Invalid,
                 content: String::new(),
                 observation: i.to_string(),
+                data: None,
             });
         }
         drop(t);

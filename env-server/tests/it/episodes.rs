@@ -89,7 +89,7 @@ async fn invalid_action_gets_the_corrective_message() {
         name: "answer".into(),
         arguments: [("answer".to_string(), "Ada Kerrigan".into())].into_iter().collect(),
     };
-    let res = c.step(vec![StepAction { episode: ep.episode, action: Action::Tool(call) }]).await.unwrap();
+    let res = c.step(vec![StepAction { episode: ep.episode, action: Action::Tool(call), data: None }]).await.unwrap();
     let obs = res.into_iter().next().unwrap().unwrap();
     assert!(obs.done);
     // Correct answer, but the corrective message in the trajectory makes the format invalid.
@@ -223,6 +223,7 @@ async fn many_episodes_step_in_one_frame_and_searches_batch() {
             } else {
                 "<answer>Ada Kerrigan</answer>".to_string()
             }),
+            data: None,
         })
         .collect();
     let results = c.step(actions).await.unwrap();

@@ -76,7 +76,9 @@ async fn malformed_and_oversize_frames_are_typed_errors() {
     // A text frame.
     assert_eq!(err_of(&send(&mut ws, Message::Text("{\"id\": 1}".into())).await).1, ErrorCode::UnsupportedFrame);
     // Over the frame limit but under the hard cap: typed error with the id, connection lives.
-    let big = Request::Step(Step { actions: vec![StepAction { episode: 1, action: Action::Text("x".repeat(6000)) }] });
+    let big = Request::Step(Step {
+        actions: vec![StepAction { episode: 1, action: Action::Text("x".repeat(6000)), data: None }],
+    });
     assert_eq!(err_of(&send(&mut ws, frame(11, big)).await), (11, ErrorCode::FrameTooLarge));
     // The connection still works after all of that.
     assert!(matches!(
@@ -102,11 +104,11 @@ async fn unknown_episodes_and_ownership() {
     let server = TestServer::start(ServerConfig::default()).await;
     let (a, b) = (server.client().await, server.client().await);
     let ep = a.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
-    let r = a.step(vec![StepAction { episode: 999, action: Action::Text("x".into()) }]).await.unwrap();
+    let r = a.step(vec![StepAction { episode: 999, action: Action::Text("x".into()), data: None }]).await.unwrap();
     let e = r[0].clone().unwrap_err();
     assert_eq!((e.code, e.episode), (ErrorCode::UnknownEpisode, Some(999)));
     // b cannot step, fork, close or read a's episode.
-    let r = b.step(vec![StepAction { episode: ep, action: Action::Text("x".into()) }]).await.unwrap();
+    let r = b.step(vec![StepAction { episode: ep, action: Action::Text("x".into()), data: None }]).await.unwrap();
     assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::NotOwner);
     assert_eq!(
         b.fork(vec![ForkSpec { episode: ep, at_step: 0, n: 1 }]).await.unwrap()[0].clone().unwrap_err().code,
@@ -116,15 +118,15 @@ async fn unknown_episodes_and_ownership() {
     assert_eq!(b.transcript(ep).await.unwrap_err().code(), Some(ErrorCode::NotOwner));
     // The same episode twice in one Step.
     let twice = vec![
-        StepAction { episode: ep, action: Action::Text("a".into()) },
-        StepAction { episode: ep, action: Action::Text("b".into()) },
+        StepAction { episode: ep, action: Action::Text("a".into()), data: None },
+        StepAction { episode: ep, action: Action::Text("b".into()), data: None },
     ];
     let r = a.step(twice).await.unwrap();
     assert!(r[0].is_ok());
     assert_eq!(r[1].clone().unwrap_err().code, ErrorCode::DuplicateEpisode);
     // Unknown tool.
     let call = ToolCall { name: "teleport".into(), arguments: Default::default() };
-    let r = a.step(vec![StepAction { episode: ep, action: Action::Tool(call) }]).await.unwrap();
+    let r = a.step(vec![StepAction { episode: ep, action: Action::Tool(call), data: None }]).await.unwrap();
     assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::InvalidAction);
     // Unknown backend.
     let opts = EpisodeOptions { backend: Some("bing".into()), ..Default::default() };
@@ -166,10 +168,13 @@ async fn limits_are_enforced_with_typed_errors() {
     let r = a.fork(vec![ForkSpec { episode: ep, at_step: 0, n: 3 }]).await.unwrap();
     assert_eq!(r[0].clone().unwrap_err().code, ErrorCode::TooManyEpisodes);
     // Action and query length.
-    let long = StepAction { episode: ep, action: Action::Text("x".repeat(201)) };
+    let long = StepAction { episode: ep, action: Action::Text("x".repeat(201)), data: None };
     assert_eq!(a.step(vec![long]).await.unwrap()[0].clone().unwrap_err().code, ErrorCode::ActionTooLong);
-    let long_query =
-        StepAction { episode: ep, action: Action::Text("<search> a very long query indeed </search>".into()) };
+    let long_query = StepAction {
+        episode: ep,
+        action: Action::Text("<search> a very long query indeed </search>".into()),
+        data: None,
+    };
     assert_eq!(a.step(vec![long_query]).await.unwrap()[0].clone().unwrap_err().code, ErrorCode::ActionTooLong);
     // The rejected steps were not counted as turns.
     assert_eq!(a.transcript(ep).await.unwrap().steps.len(), 0);
@@ -293,7 +298,7 @@ async fn reattach_replays_held_replies_and_names_the_ones_never_received() {
     assert_eq!(err_of(&got[0]), (2, ErrorCode::ReplyLost));
     assert_eq!(got[1], Envelope::new(6, Response::Pong(Ping { nonce: 6 })));
     // The session's episode belongs to the new connection.
-    let step = StepAction { episode, action: Action::Text("<answer> Ada Kerrigan </answer>".into()) };
+    let step = StepAction { episode, action: Action::Text("<answer> Ada Kerrigan </answer>".into()), data: None };
     let stepped = send(&mut ws, frame(99, Request::Step(Step { actions: vec![step] }))).await;
     let Response::Stepped(s) = stepped.msg else { panic!("{stepped:?}") };
     assert_eq!(s.results[0].as_ref().unwrap().reward.as_ref().unwrap().metric_value, 1.0);

@@ -577,7 +577,7 @@ async fn request_floods_beyond_the_in_flight_limit() {
     let Response::EpisodesCreated(c) = recv(&mut ws).await.msg else { panic!("episodes") };
     let eps: Vec<u64> = c.episodes.into_iter().map(|e| e.unwrap().episode).collect();
     let big = Action::Text(format!("<think>{}</think>", "x".repeat(3_000_000)));
-    ws.send(frame(3, Request::Step(Step { actions: vec![StepAction { episode: eps[0], action: big }] })))
+    ws.send(frame(3, Request::Step(Step { actions: vec![StepAction { episode: eps[0], action: big, data: None }] })))
         .await
         .unwrap();
     assert!(matches!(recv(&mut ws).await.msg, Response::Stepped(_)));
@@ -592,7 +592,9 @@ async fn request_floods_beyond_the_in_flight_limit() {
     for (i, ep) in eps[1..].iter().enumerate() {
         let id = 200 + i as u64;
         let action = Action::Text("<search> Ada Kerrigan </search>".into());
-        ws.feed(frame(id, Request::Step(Step { actions: vec![StepAction { episode: *ep, action }] }))).await.unwrap();
+        ws.feed(frame(id, Request::Step(Step { actions: vec![StepAction { episode: *ep, action, data: None }] })))
+            .await
+            .unwrap();
         expected.insert(id, "step");
     }
     const GARBAGE: usize = 500;
@@ -810,7 +812,7 @@ async fn megabyte_actions_and_queries() {
             .collect();
         let code =
             |r: Result<Vec<Result<Observation, ErrorInfo>>, ClientError>| r.unwrap()[0].clone().unwrap_err().code;
-        let text = |ep, t: String| vec![StepAction { episode: ep, action: Action::Text(t) }];
+        let text = |ep, t: String| vec![StepAction { episode: ep, action: Action::Text(t), data: None }];
         // A 6 MB action, over max_action_chars.
         assert_eq!(code(c.step(text(eps[0], mb(6))).await), ErrorCode::ActionTooLong);
         // A 3 MB search query, within max_action_chars but over max_query_chars.
@@ -819,8 +821,11 @@ async fn megabyte_actions_and_queries() {
         // The same as a tool call.
         let mut arguments = serde_json::Map::new();
         arguments.insert("query".into(), mb(3).into());
-        let call =
-            vec![StepAction { episode: eps[1], action: Action::Tool(ToolCall { name: "search".into(), arguments }) }];
+        let call = vec![StepAction {
+            episode: eps[1],
+            action: Action::Tool(ToolCall { name: "search".into(), arguments }),
+            data: None,
+        }];
         assert_eq!(code(c.step(call).await), ErrorCode::ActionTooLong);
         // A 5 MB question.
         let task = TaskSpec { question: mb(5), ..em_task() };
@@ -966,7 +971,7 @@ async fn a_client_that_never_reads_is_released_when_it_closes() {
     let Response::EpisodesCreated(c) = recv(&mut ws).await.msg else { panic!() };
     let episode = c.episodes[0].as_ref().unwrap().episode;
     for (i, q) in ["harbor bridge", "port elmsworth", "kerrigan"].iter().enumerate() {
-        let step = StepAction { episode, action: Action::Text(format!("<search> {q} </search>")) };
+        let step = StepAction { episode, action: Action::Text(format!("<search> {q} </search>")), data: None };
         ws.send(frame(3 + i as u64, Request::Step(Step { actions: vec![step] }))).await.unwrap();
         recv(&mut ws).await;
     }

@@ -156,7 +156,7 @@ async fn remote_backend_that_hangs_meets_its_deadline() {
         let c = server.client().await;
         let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap().episode;
         let action = grove_protocol::Action::Text("<search> q </search>".into());
-        let r = c.step(vec![StepAction { episode: ep, action }]).await.unwrap().remove(0);
+        let r = c.step(vec![StepAction { episode: ep, action, data: None }]).await.unwrap().remove(0);
         match mode {
             ToolErrors::Observation => {
                 let obs = r.unwrap();
@@ -278,7 +278,11 @@ async fn a_hanging_backend_does_not_stall_the_others() {
         let slow = slow.clone();
         let actions = waiting
             .iter()
-            .map(|e| StepAction { episode: *e, action: grove_protocol::Action::Text("<search> q </search>".into()) })
+            .map(|e| StepAction {
+                episode: *e,
+                action: grove_protocol::Action::Text("<search> q </search>".into()),
+                data: None,
+            })
             .collect();
         tokio::spawn(async move { slow.step(actions).await })
     };

@@ -9,6 +9,7 @@ mod common;
 mod dense;
 mod episodes;
 mod errors;
+mod forest;
 mod hostile;
 mod http;
 mod web;

@@ -168,7 +168,7 @@ async fn open_fetches_readable_text_once() {
         name: "open".into(),
         arguments: [("url".to_string(), serde_json::Value::String(url.clone()))].into_iter().collect(),
     };
-    let step = grove_protocol::StepAction { episode: e2, action: grove_protocol::Action::Tool(call) };
+    let step = grove_protocol::StepAction { episode: e2, action: grove_protocol::Action::Tool(call), data: None };
     let again = c.step(vec![step]).await.unwrap().remove(0).unwrap();
     assert_eq!(again.text, obs.text);
     assert_eq!(pages.count(), 1, "the second open is a cache hit");

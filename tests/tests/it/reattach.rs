@@ -63,7 +63,7 @@ fn replies_in_flight_survive(mode: CutMode) {
             let client = client.clone();
             tokio::spawn(async move {
                 let action = Action::Text(format!("<search> passage {e} </search>"));
-                client.step(vec![StepAction { episode: e, action }]).await
+                client.step(vec![StepAction { episode: e, action, data: None }]).await
             })
         });
         let results = futures_join(steps).await;

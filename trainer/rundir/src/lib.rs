@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod stats;
 mod trees;
 pub use trees::{LeafRecord, NodeRecord, PromptTrees, TREES_VERSION, TreeRecord, read_trees};
 
@@ -197,6 +198,7 @@ const METRICS: &str = "metrics.jsonl";
 const CONFIG: &str = "config.toml";
 const LATEST: &str = "latest";
 const STATE: &str = "state.json";
+const MACHINE: &str = "machine.json";
 
 impl RunDir {
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -229,6 +231,18 @@ impl RunDir {
 
     pub fn checkpoint_path(&self, step: u64) -> PathBuf {
         self.root.join(format!("checkpoint-{step}"))
+    }
+
+    /// The machine the run trained on (its CPU model and libtorch's thread counts), as JSON.
+    pub fn machine_path(&self) -> PathBuf {
+        self.root.join(MACHINE)
+    }
+
+    pub fn write_machine(&self, machine: &impl Serialize) -> Result<()> {
+        self.create()?;
+        let path = self.machine_path();
+        let text = serde_json::to_string_pretty(machine).map_err(|e| format_err(&path, &e))?;
+        write_atomic(&path, text.as_bytes())
     }
 
     /// The configuration the run was started with (TOML text, written by the trainer).
@@ -323,6 +337,7 @@ impl RunDir {
         let mut files: Vec<PathBuf> = Some(self.metrics_path()).filter(|p| p.is_file()).into_iter().collect();
         files.extend(self.eval_steps()?.into_iter().map(|s| self.eval_path(s)));
         files.push(self.config_path());
+        files.extend(Some(self.machine_path()).filter(|p| p.is_file()));
         Ok(files)
     }
 

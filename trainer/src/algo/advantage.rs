@@ -112,6 +112,31 @@ where
 mod tests {
     use super::*;
 
+    /// The fixture the verl estimator (`clients/verl`, `tree_grpo`) is checked against: the same
+    /// rewards, prompt ids and tree ids give the same advantages here.
+    #[test]
+    fn the_verl_estimators_fixture_gives_the_same_advantages() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/verl/tests/fixtures/tree_advantage.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+        assert!(cases.len() >= 5);
+        for case in &cases {
+            let floats =
+                |k: &str| -> Vec<f64> { case[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
+            let strs = |k: &str| -> Vec<String> {
+                case[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+            };
+            let (uids, trees) = (strs("uids"), strs("tree_ids"));
+            let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
+            let trees: Vec<&str> = trees.iter().map(String::as_str).collect();
+            let got = advantages(&floats("rewards"), &uids, &trees, Estimator::Tree);
+            for (g, w) in got.iter().zip(floats("expected")) {
+                assert!((g - w).abs() < 1e-9, "{}: {got:?}", case["name"]);
+            }
+        }
+    }
+
     /// The worked example of spec §2.7 / §3.3: one prompt, trees t1 = (c, e, f), t2 = (x, z, w).
     #[test]
     fn worked_example_of_the_spec() {

@@ -25,6 +25,11 @@ use args::{AgentArgs, DataArgs, EnvArgs, ModelArgs, OutArgs, SamplingArgs, load}
 #[derive(Debug, Parser)]
 #[command(name = "trainer", version, about = "Grove trainer: Tree-GRPO and chain GRPO for LLM search agents")]
 pub struct Cli {
+    /// libtorch's CPU threads, intra-op and inter-op alike. Pinned (not the core count) so that
+    /// a command gives the same per-step numbers on every machine; raise it for speed on a large
+    /// model on the CPU, at the cost of numbers that match only runs with the same count.
+    #[arg(long, global = true, default_value = "1")]
+    threads: std::num::NonZeroUsize,
     #[command(subcommand)]
     command: Command,
 }
@@ -72,6 +77,7 @@ enum Command {
 
 impl Cli {
     pub fn run(self) -> Result<()> {
+        grove_trainer::device::pin_threads(self.threads);
         match self.command {
             Command::Generate(a) => a.run(),
             Command::ImportGguf(a) => a.run(),
@@ -242,6 +248,10 @@ struct ExperimentArgs {
     /// Comma-separated seeds.
     #[arg(long, value_delimiter = ',')]
     seeds: Option<Vec<u64>>,
+    /// Train nothing: report the finished runs only (complete pairs), e.g. once an experiment's
+    /// protocol says to stop.
+    #[arg(long)]
+    report_only: bool,
 }
 
 impl ExperimentArgs {
@@ -274,6 +284,7 @@ impl ExperimentArgs {
         if let Some(s) = self.seeds {
             cfg.seeds = s;
         }
+        cfg.report_only = self.report_only;
         let results = run_experiment(&cfg, true)?;
         print!("{}", format_table(&results));
         for p in outputs(&cfg) {

@@ -125,6 +125,7 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let tokenizer_files: Vec<PathBuf> =
         ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| tok_dir.join(f)).filter(|p| p.exists()).collect();
     run_dir.write_config(&cfg.to_toml())?;
+    run_dir.write_machine(&crate::device::MachineRecord::current())?;
     if start > 0 {
         // Steps after the checkpoint were done by the interrupted run and are redone now.
         run_dir.truncate_metrics(start)?;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
+use grove_rundir::stats::t_975;
 use grove_rundir::{EvalPoint, PromptTrees, RunDir, StepMetrics};
 use serde_json::{Value, json};
 
@@ -406,18 +407,6 @@ pub fn mean_ci95(xs: &[f64]) -> (f64, Option<f64>) {
     }
     let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
     (mean, Some(t_975(xs.len() - 1) * var.sqrt() / n.sqrt()))
-}
-
-/// The 0.975 quantile of Student's t with `df` (at least 1) degrees of freedom.
-fn t_975(df: usize) -> f64 {
-    const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-    ];
-    match df {
-        1..=30 => T[df - 1],
-        _ => 1.960 + 2.5 / df as f64,
-    }
 }
 
 /// The hop count a data source names (`synthetic_2hop` -> 2, `3-hop` -> 3), if any.
