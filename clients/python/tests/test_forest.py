@@ -185,10 +185,14 @@ def test_join_forest_roles(server):
                 assert step["data"] == blob and step["action"].endswith("</search>")
             t = await b.transcript(r2["episode"])
             assert t["lineage"]["parent"] == r0["episode"] and t["lineage"]["fork_step"] == r2["from"]["step"]
-            # Another task under the same key is refused; so is a join beyond m*k.
+            # Other gold answers, or another seed, under the same key are refused (and take no
+            # row); so is a join beyond m*k.
             with pytest.raises(GroveError) as err:
-                await b.join_forest(key, shape, 7, bridge_task("other"), {"max_turns": 3})
+                await b.join_forest(key, shape, 7, task(QUESTION, ["Lark Canal"]), {"max_turns": 2})
             assert err.value.code == "forest_mismatch" and err.value.number == 308
+            with pytest.raises(GroveError) as err:
+                await b.join_forest(key, shape, 8, bridge_task("f"), {"max_turns": 2})
+            assert err.value.code == "forest_mismatch"
             r3 = asyncio.ensure_future(a.join_forest(key, shape, 7, bridge_task("f"), {"max_turns": 2}))
             await b.step(r1["episode"], "<answer> Lark Canal </answer>")
             r3 = await asyncio.wait_for(r3, 30)
