@@ -78,7 +78,8 @@ error_codes! {
     /// A `JoinForest` that no forest can take: empty or long key, `m` = 0, `k` != 1 + n l, or
     /// more rows than `Limits::max_forest_rows`.
     InvalidForest = 307, "invalid_forest";
-    /// A row of a live forest sent another shape, seed or task than the forest's first row.
+    /// A row of a live forest sent another shape, seed, task or options than the forest's first
+    /// row.
     ForestMismatch = 308, "forest_mismatch";
     /// The forest already has all its rows, or has finished.
     ForestFull = 309, "forest_full";

@@ -81,6 +81,10 @@ pub struct DemoArgs {
     /// are chosen without looking at held-out data.
     #[arg(long, value_enum, default_value = "held-out")]
     pub rl_eval_on: EvalOn,
+    /// Keep the warm start already in `--out` (its world, trajectories and SFT policy) instead of
+    /// making it again: for trying RL settings from one start.
+    #[arg(long)]
+    pub reuse_warm_start: bool,
 }
 
 /// Which questions judge the small policy's RL.
@@ -355,7 +359,11 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let ctx = Ctx::prepare(root, &args.out, args.release)?;
     let out = &ctx.out;
     let server = ctx.world_server(args.test_questions)?;
-    ctx.warm_start(&server.url, args.warm_passes, args.sft_epochs)?;
+    if args.reuse_warm_start && out.join("sft/model.safetensors").exists() {
+        eprintln!("reusing the warm start in {}", out.join("sft").display());
+    } else {
+        ctx.warm_start(&server.url, args.warm_passes, args.sft_epochs)?;
+    }
 
     util::banner("Tree-GRPO (2,2,1) from the SFT policy, evaluated before and after");
     let mut small = Vec::new();
@@ -366,12 +374,10 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(out.join(&dir));
         ctx.trainer(&["train", "--config", &file])?;
         let run = grove_rundir::RunDir::new(out.join(&dir));
-        let rewards = run
-            .metrics()?
-            .chunks(10)
-            .map(|b| b.iter().map(|m| m.reward_mean).sum::<f64>() / b.len() as f64)
-            .collect::<Vec<_>>();
-        small.push(SmallRun { seed, before: run.eval(0)?.greedy, after: run.eval(args.steps)?.greedy, rewards });
+        let per_step: Vec<f64> = run.metrics()?.iter().map(|m| m.reward_mean).collect();
+        let rewards = per_step.chunks(10).map(|b| b.iter().sum::<f64>() / b.len() as f64).collect::<Vec<_>>();
+        let (before, after) = (run.eval(0)?.greedy, run.eval(args.steps)?.greedy);
+        small.push(SmallRun { seed, before, after, rewards, per_step });
     }
     let run = grove_rundir::RunDir::new(out.join(rl_dir(args, args.rl_seeds[0])));
 
@@ -598,6 +604,7 @@ struct SmallRun {
     before: grove_rundir::EvalReport,
     after: grove_rundir::EvalReport,
     rewards: Vec<f64>,
+    per_step: Vec<f64>,
 }
 
 /// The run folder of the small policy's RL with `seed`.
@@ -629,6 +636,8 @@ fn print_small(args: &DemoArgs, small: &[SmallRun]) {
         }
         let rewards = run.rewards.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" / ");
         println!("    training reward (training questions), mean per block of 10 steps: {rewards}");
+        let steps = run.per_step.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" ");
+        println!("    training reward per step: {steps}");
     }
     if small.len() > 1 {
         let score = |r: &grove_rundir::EvalReport| r.get("all").map_or(0.0, |s| s.score);

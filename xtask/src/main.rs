@@ -209,6 +209,9 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
                 ("GROVE_ENV_SERVER", env_server.as_path()),
                 ("GROVE_REQUIRE_ENV_SERVER", Path::new("1")),
                 ("GROVE_SMOLLM2_GGUF", gguf.as_path()),
+                // torch's own pool on top of the env-server and the test's processes oversubscribes
+                // the CPU; one thread per process keeps the suite's time steady.
+                ("OMP_NUM_THREADS", Path::new("1")),
             ],
         )
     })?;

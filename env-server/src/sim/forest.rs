@@ -123,10 +123,15 @@ pub fn join(world: &mut World, conn: ConnId, id: RequestId, j: JoinForest) {
         Some(fid) => {
             let forests = world.resource::<Forests>();
             let f = &forests.live[&fid];
-            if f.join.shape != j.shape || f.join.seed != j.seed || !same_task(&f.join.task, &j.task) {
+            if f.join.shape != j.shape
+                || f.join.seed != j.seed
+                || !same_task(&f.join.task, &j.task)
+                || f.join.options != j.options
+            {
                 let msg = format!(
-                    "forest `{}` was started with shape {:?}, seed {} and question {:?}; every row must send the same",
-                    j.key, f.join.shape, f.join.seed, f.join.task.question
+                    "forest `{}` was started with shape {:?}, seed {}, options {:?} and question {:?}; every row must \
+                     send the same",
+                    j.key, f.join.shape, f.join.seed, f.join.options, f.join.task.question
                 );
                 return reply(world, conn, id, forest_error(ErrorCode::ForestMismatch, msg));
             }

@@ -194,6 +194,9 @@ async fn bad_joins_are_typed_errors() {
     let mut other = join("x", TREE_221);
     other.task.question = "another question".into();
     assert_eq!(code(c.join_forest(other).await), Some(ErrorCode::ForestMismatch));
+    let mut other = join("x", TREE_221);
+    other.options.max_turns = Some(4);
+    assert_eq!(code(c.join_forest(other).await), Some(ErrorCode::ForestMismatch), "options are part of a forest");
     let chains = ForestShape { m: 1, n: 0, l: 0, k: 1 };
     c.join_forest(join("one", chains)).await.unwrap();
     assert_eq!(code(c.join_forest(join("one", chains)).await), Some(ErrorCode::ForestFull));
