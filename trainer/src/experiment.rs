@@ -364,7 +364,13 @@ fn run_sweep(
                 t.eval_before = false;
                 t.out_dir = dir.join(format!("lr-{lr:e}")).join(slug(&arm.label())).join(format!("seed-{seed}"));
                 let label = format!("{regime} sweep lr {lr:e} {} seed {seed}", arm.label());
-                let summary = run_or_reuse(&t, &label, record, progress)?;
+                let summary = if cfg.report_only {
+                    finished_run(&t, record)?.with_context(|| {
+                        format!("{label}: report only, but this sweep run has not finished; run the experiment first")
+                    })?
+                } else {
+                    run_or_reuse(&t, &label, record, progress)?
+                };
                 let tail: Vec<f64> =
                     summary.metrics.iter().filter(|m| m.step + judged >= train.steps).map(|m| m.reward_mean).collect();
                 judged_rewards.push(mean_std(&tail).0);

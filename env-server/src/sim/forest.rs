@@ -114,15 +114,20 @@ fn reply(world: &mut World, conn: ConnId, id: RequestId, msg: Response) {
 }
 
 /// `JoinForest`: answered at once for a root, error or mismatch; queued for an expansion.
-pub fn join(world: &mut World, conn: ConnId, id: RequestId, j: JoinForest) {
-    if let Some(err) = check_join(world, &j) {
+pub fn join(world: &mut World, conn: ConnId, id: RequestId, j: &JoinForest) {
+    if let Some(err) = check_join(world, j) {
         return reply(world, conn, id, err);
     }
     let existing = world.resource::<Forests>().by_key.get(&j.key).copied();
     let fid = match existing {
         Some(fid) => {
+            let now = world.resource::<Now>().0;
             let forests = world.resource::<Forests>();
             let f = &forests.live[&fid];
+            if now >= f.deadline && !f.finished {
+                let msg = format!("forest `{}` expired", j.key);
+                return reply(world, conn, id, forest_error(ErrorCode::ForestExpired, msg));
+            }
             if f.join.shape != j.shape
                 || f.join.seed != j.seed
                 || !same_task(&f.join.task, &j.task)
@@ -141,9 +146,9 @@ pub fn join(world: &mut World, conn: ConnId, id: RequestId, j: JoinForest) {
             }
             fid
         }
-        None => match start(world, &j) {
+        None => match start(world, j) {
             Ok(fid) => fid,
-            Err(e) => return reply(world, conn, id, e),
+            Err(e) => return reply(world, conn, id, Response::Error(e)),
         },
     };
     let row = {
@@ -153,18 +158,25 @@ pub fn join(world: &mut World, conn: ConnId, id: RequestId, j: JoinForest) {
         f.joined - 1
     };
     if row < j.shape.m {
-        let msg = match play_root(world, fid, conn, row) {
-            Ok(role) => Response::ForestJoined(role),
-            Err(e) => Response::Error(e),
-        };
-        reply(world, conn, id, msg);
+        match play_root(world, fid, conn, row) {
+            Ok(role) => reply(world, conn, id, Response::ForestJoined(role)),
+            Err(e) => {
+                // The tree has no root and never will: the forest cannot finish, so it ends now
+                // rather than at its deadline (its other rows get `forest_expired`).
+                reply(world, conn, id, Response::Error(e));
+                end(world, fid, Gone::Expired);
+            }
+        }
     } else if let Some(f) = world.resource_mut::<Forests>().live.get_mut(&fid) {
         f.waiting.push(Waiting { conn, id, row });
     }
 }
 
 fn same_task(a: &TaskSpec, b: &TaskSpec) -> bool {
-    a.question == b.question && a.golden_answers == b.golden_answers && a.data_source == b.data_source
+    a.question == b.question
+        && a.golden_answers == b.golden_answers
+        && a.data_source == b.data_source
+        && a.metric == b.metric
 }
 
 fn check_join(world: &World, j: &JoinForest) -> Option<Response> {
@@ -202,14 +214,15 @@ fn check_join(world: &World, j: &JoinForest) -> Option<Response> {
     None
 }
 
-fn start(world: &mut World, j: &JoinForest) -> Result<ForestId, Response> {
+fn start(world: &mut World, j: &JoinForest) -> Result<ForestId, ErrorInfo> {
     let limits = world.resource::<SimSettings>().limits.clone();
     let now = world.resource::<Now>().0;
     let mut forests = world.resource_mut::<Forests>();
-    if forests.live.len() >= limits.max_forests {
-        return Err(forest_error(
+    // Finished forests only wait to close their episodes; they do not count.
+    if forests.live() >= limits.max_forests {
+        return Err(ErrorInfo::new(
             ErrorCode::TooManyForests,
-            format!("the server holds {} forests; the limit is {}", forests.live.len(), limits.max_forests),
+            format!("the server holds {} growing forests; the limit is {}", forests.live(), limits.max_forests),
         ));
     }
     forests.next += 1;
@@ -278,11 +291,12 @@ fn grant(world: &mut World, episode: EpisodeId, holder: ConnId) {
 
 /// Where row `row` of a forest of `shape` goes: (round, tree, pick).
 pub fn slot(shape: ForestShape, row: u32) -> (u32, u32, u32) {
-    if row < shape.m {
+    // Without picks every row is a root (a join checks `row < m k`, and `n l = 0` makes that m).
+    if row < shape.m || shape.n == 0 {
         return (0, row, 0);
     }
     let s = row - shape.m;
-    let per_round = shape.m * shape.n;
+    let per_round = shape.m.saturating_mul(shape.n);
     (1 + s / per_round, (s % per_round) / shape.n, s % shape.n)
 }
 
@@ -328,15 +342,27 @@ fn serve_waiting(world: &mut World, fid: ForestId) {
         None => return,
     };
     let mut still = Vec::new();
+    let mut broken = false;
     for w in waiting {
+        if broken {
+            still.push(w);
+            continue;
+        }
         match try_expand(world, fid, w.conn, w.row) {
             Ok(None) => still.push(w),
             Ok(Some(role)) => reply(world, w.conn, w.id, Response::ForestJoined(role)),
-            Err(e) => reply(world, w.conn, w.id, Response::Error(e)),
+            Err(e) => {
+                // A chain this row needed is missing: the forest cannot finish.
+                reply(world, w.conn, w.id, Response::Error(e));
+                broken = true;
+            }
         }
     }
     if let Some(f) = world.resource_mut::<Forests>().live.get_mut(&fid) {
         f.waiting = still;
+    }
+    if broken {
+        end(world, fid, Gone::Expired);
     }
 }
 
@@ -482,11 +508,34 @@ fn end(world: &mut World, fid: ForestId, why: Gone) {
     forests.gone_order.push_back((now + timeout, f.join.key));
 }
 
-/// A session ended for good: its rows that still wait are dropped (their forest expires if it
-/// cannot finish without them).
+/// A session ended for good. A growing forest that waited for one of its rows, or whose chain it
+/// was playing and had not finished, can no longer finish: it ends now (its other rows get
+/// `forest_expired`) instead of at its deadline. Finished chains stay, for later rounds to fork.
 pub fn forget_conn(world: &mut World, conn: ConnId) {
-    for f in world.resource_mut::<Forests>().live.values_mut() {
-        f.waiting.retain(|w| w.conn != conn);
+    let mut broken = Vec::new();
+    let ids: Vec<ForestId> = world.resource::<Forests>().live.keys().copied().collect();
+    for fid in ids {
+        let Some(f) = world.resource::<Forests>().live.get(&fid) else { continue };
+        if f.finished {
+            continue;
+        }
+        let waited = f.waiting.iter().any(|w| w.conn == conn);
+        let playing = f.episodes().any(|e| {
+            let dir = world.resource::<Directory>();
+            dir.by_id.get(&e).is_some_and(|&entity| {
+                world.get::<ForestHold>(entity).is_some_and(|h| h.holder == conn)
+                    && world.get::<Phase>(entity).is_some_and(|p| *p != Phase::Done)
+            })
+        });
+        if waited || playing {
+            broken.push(fid);
+        }
+    }
+    for fid in broken {
+        if let Some(f) = world.resource_mut::<Forests>().live.get_mut(&fid) {
+            f.waiting.retain(|w| w.conn != conn);
+        }
+        end(world, fid, Gone::Expired);
     }
 }
 

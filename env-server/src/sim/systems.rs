@@ -57,7 +57,7 @@ fn handle_request(world: &mut World, conn: ConnId, id: RequestId, request: Reque
         Request::GetTranscript(t) => transcript(world, conn, t.episode),
         Request::Stats => Response::Stats(stats(world)),
         Request::Ping(p) => Response::Pong(p),
-        Request::JoinForest(j) => return super::forest::join(world, conn, id, j),
+        Request::JoinForest(j) => return super::forest::join(world, conn, id, &j),
         Request::Hello(_) => Response::Error(ErrorInfo::new(
             ErrorCode::HandshakeRequired,
             "Hello is only valid once, as the first request",

@@ -36,10 +36,14 @@ async fn step(c: &client::Client, episode: EpisodeId, text: &str, tag: u8) -> Ob
 
 /// Play a chain to its end: search until one tool turn is left, then answer.
 async fn play(c: &client::Client, role: &ForestRole, tag: u8) -> Observation {
-    let mut turn = role.prefix.len() as u32;
+    play_at(c, role.episode, role.prefix.len() as u32, tag).await
+}
+
+/// [`play`] from an episode that has taken `turn` steps.
+async fn play_at(c: &client::Client, episode: EpisodeId, mut turn: u32, tag: u8) -> Observation {
     loop {
         let text = if turn < 2 { SEARCH } else { ANSWER };
-        let obs = step(c, role.episode, text, tag + turn as u8).await;
+        let obs = step(c, episode, text, tag + turn as u8).await;
         turn += 1;
         if obs.done {
             return obs;
@@ -57,29 +61,28 @@ async fn six_rows_on_two_connections_grow_two_trees_of_three() {
     assert_eq!((r0.row, r0.tree, r0.round, r0.from), (0, 0, 0, None));
     assert_eq!((r1.row, r1.tree, r1.round), (1, 1, 0));
     assert!(r0.prompt.contains("harbor bridge") && r0.prefix.is_empty());
-    // Four expansions join before any root has finished: their replies wait.
-    let (ca, cb) = (a.clone(), b.clone());
-    let waiting = tokio::spawn(async move {
-        let mut roles = Vec::new();
-        for c in [&ca, &cb, &ca, &cb] {
-            roles.push(c.join_forest(join("p1", TREE_221)));
-        }
-        let mut out = Vec::new();
-        // Sent in order (each call writes its frame before its first await returns pending).
-        for r in roles {
-            out.push(r.await);
-        }
-        out
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "expansions wait for their tree's chain");
+    // Four expansions join at once, from both connections, before any root has finished: their
+    // replies wait. Each role stays with the connection that joined.
+    let clients = [a.clone(), b.clone()];
+    let waiting: Vec<_> = (0..4)
+        .map(|i| {
+            let c = clients[i % 2].clone();
+            tokio::spawn(async move { (i % 2, c.join_forest(join("p1", TREE_221)).await) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(waiting.iter().all(|w| !w.is_finished()), "expansions wait for their tree's chain");
     play(&a, &r0, 10).await;
     play(&b, &r1, 20).await;
-    let roles: Vec<ForestRole> = waiting.await.unwrap().into_iter().map(Result::unwrap).collect();
-    let mut rows: Vec<u32> = roles.iter().map(|r| r.row).collect();
+    let mut roles: Vec<(usize, ForestRole)> = Vec::new();
+    for w in waiting {
+        let (who, role) = w.await.unwrap();
+        roles.push((who, role.unwrap()));
+    }
+    let mut rows: Vec<u32> = roles.iter().map(|(_, r)| r.row).collect();
     rows.sort_unstable();
     assert_eq!(rows, [2, 3, 4, 5]);
-    for role in &roles {
+    for (who, role) in &roles {
         let node = role.from.expect("an expansion continues from a node");
         let root = if role.tree == 0 { &r0 } else { &r1 };
         assert_eq!(role.round, 1);
@@ -93,19 +96,30 @@ async fn six_rows_on_two_connections_grow_two_trees_of_three() {
             assert!(p.observation.contains("<information>"));
         }
         // The episode is forked at the node: its transcript is the prefix, with lineage.
-        let c = if role.row % 2 == 0 { &a } else { &b };
+        let c = &clients[*who];
         let t = c.transcript(role.episode).await.unwrap();
         assert_eq!(t.steps.len() as u32, node.step);
         assert_eq!((t.lineage.parent, t.lineage.fork_step), (Some(node.episode), Some(node.step)));
         // Only the forest forks or closes its episodes.
         let fork = c.fork(vec![ForkSpec { episode: role.episode, at_step: 0, n: 1 }]).await.unwrap();
         assert_eq!(fork[0].as_ref().unwrap_err().code, ErrorCode::NotOwner);
+        // Nor may another connection step it.
+        let other = &clients[1 - *who];
+        let r = other.step(vec![StepAction { episode: role.episode, action: Action::Text(ANSWER.into()), data: None }]);
+        assert_eq!(r.await.unwrap()[0].as_ref().unwrap_err().code, ErrorCode::NotOwner);
+        // A continuation from depth d has max_turns - d tool turns left.
+        let t = c.transcript(role.episode).await.unwrap();
+        assert_eq!(t.steps.len() as u32, node.step);
     }
-    // Each expansion plays on; the forest closes everything when the last leaf is done.
-    for role in &roles {
-        let c = if role.row % 2 == 0 { &a } else { &b };
-        let obs = play(c, role, 30).await;
-        assert!(obs.reward.is_some());
+    // Each expansion plays on; the forest finishes when the last leaf is done.
+    for (who, role) in &roles {
+        let c = &clients[*who];
+        let first = step(c, role.episode, if role.prefix.len() < 2 { SEARCH } else { ANSWER }, 30).await;
+        let used = role.prefix.len() as u32 + 1;
+        assert_eq!(first.turns_left, 3u32.saturating_sub(used), "{role:?}");
+        if !first.done {
+            assert!(play_at(c, role.episode, used, 30).await.reward.is_some());
+        }
     }
     let stats = a.stats().await.unwrap();
     assert_eq!((stats.forests_live, stats.forests_finished), (0, 1));
@@ -123,7 +137,7 @@ async fn six_rows_on_two_connections_grow_two_trees_of_three() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_forest_closes_its_episodes_at_its_deadline() {
     let mut config = ServerConfig::default();
-    config.limits.forest_timeout_secs = 1;
+    config.limits.forest_timeout_secs = 3;
     let server = TestServer::start(config).await;
     let c = server.client().await;
     let shape = ForestShape { m: 2, n: 0, l: 0, k: 1 };
@@ -132,31 +146,64 @@ async fn a_finished_forest_closes_its_episodes_at_its_deadline() {
         play(&c, &r, 1).await;
     }
     assert_eq!(c.stats().await.unwrap().forests_finished, 1);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
     let stats = c.stats().await.unwrap();
     assert_eq!((stats.episodes_live, stats.forests_live, stats.forests_expired), (0, 0, 0));
     server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn picks_do_not_depend_on_which_row_asks_first() {
+async fn picks_do_not_depend_on_which_tree_finishes_first() {
     let mut picks = Vec::new();
-    for order in [[0usize, 1], [1, 0]] {
+    for tree_1_first in [false, true] {
         let server = TestServer::start(ServerConfig::default()).await;
-        let cs = [server.client().await, server.client().await];
-        let shape = ForestShape { m: 1, n: 2, l: 1, k: 3 };
-        let root = cs[0].join_forest(join("p", shape)).await.unwrap();
-        play(&cs[0], &root, 1).await;
+        let c = Arc::new(server.client().await);
+        let roots =
+            [c.join_forest(join("p", TREE_221)).await.unwrap(), c.join_forest(join("p", TREE_221)).await.unwrap()];
+        let waiting: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.join_forest(join("p", TREE_221)).await.unwrap() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let order = if tree_1_first { [1, 0] } else { [0, 1] };
+        for t in order {
+            play(&c, &roots[t], 1).await;
+        }
         let mut got = Vec::new();
-        for i in order {
-            let r = cs[i].join_forest(join("p", shape)).await.unwrap();
-            got.push((r.row, r.from.unwrap().step));
+        for w in waiting {
+            let r = w.await.unwrap();
+            got.push((r.tree, r.from.unwrap().step));
         }
         got.sort_unstable();
         picks.push(got);
         server.shutdown().await;
     }
     assert_eq!(picks[0], picks[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rounds_pick_from_the_first_rounds_chains_too() {
+    let server = TestServer::start(ServerConfig::default()).await;
+    let c = server.client().await;
+    let shape = ForestShape { m: 1, n: 1, l: 2, k: 3 };
+    let root = c.join_forest(join("deep", shape)).await.unwrap();
+    play(&c, &root, 1).await;
+    let r1 = c.join_forest(join("deep", shape)).await.unwrap();
+    assert_eq!((r1.row, r1.round), (1, 1));
+    play(&c, &r1, 5).await;
+    let r2 = c.join_forest(join("deep", shape)).await.unwrap();
+    assert_eq!((r2.row, r2.round), (2, 2));
+    let node = r2.from.unwrap();
+    // Round 2 draws over the root, the first chain's non-leaf steps and those the round-1 chain
+    // added after its fork point; the node's prefix is that chain's.
+    assert!(node.episode == root.episode || node.episode == r1.episode, "{node:?}");
+    if node.episode == r1.episode {
+        assert!(node.step > r1.from.unwrap().step, "only the steps the continuation added: {node:?}");
+    }
+    assert_eq!(r2.prefix.len() as u32, node.step);
+    server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,6 +217,7 @@ async fn chain_mode_gives_every_row_a_root_at_once() {
         assert_eq!((r.row, r.tree, r.round, r.from), (row, row, 0, None));
         episodes.push(r.episode);
     }
+    episodes.sort_unstable();
     episodes.dedup();
     assert_eq!(episodes.len(), 4);
     server.shutdown().await;
@@ -187,6 +235,12 @@ async fn bad_joins_are_typed_errors() {
     let huge = ForestShape { m: 100, n: 0, l: 0, k: 1 };
     assert_eq!(code(c.join_forest(join("x", huge)).await), Some(ErrorCode::InvalidForest));
     assert_eq!(code(c.join_forest(join("", TREE_221)).await), Some(ErrorCode::InvalidForest));
+    assert_eq!(code(c.join_forest(join(&"k".repeat(257), TREE_221)).await), Some(ErrorCode::InvalidForest));
+    // A root that cannot be created (no gold answer) fails its row and ends the forest at once.
+    let mut no_gold = join("nogold", TREE_221);
+    no_gold.task.golden_answers.clear();
+    assert_eq!(code(c.join_forest(no_gold.clone()).await), Some(ErrorCode::InvalidAction));
+    assert_eq!(code(c.join_forest(no_gold).await), Some(ErrorCode::ForestExpired));
     c.join_forest(join("x", TREE_221)).await.unwrap();
     let mut other = join("x", TREE_221);
     other.seed = 12;
@@ -212,23 +266,61 @@ async fn bad_joins_are_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forest_whose_rows_never_arrive_expires_and_is_reclaimed() {
     let mut config = ServerConfig::default();
-    config.limits.forest_timeout_secs = 1;
+    config.limits.forest_timeout_secs = 2;
     let server = TestServer::start(config).await;
-    let (a, b) = (server.client().await, server.client().await);
+    let c = server.client().await;
     let shape = ForestShape { m: 1, n: 2, l: 1, k: 3 };
-    let root = a.join_forest(join("late", shape)).await.unwrap();
-    // The root's worker dies mid-chain: its connection goes, the episode stays with the forest.
-    step(&a, root.episode, SEARCH, 1).await;
-    drop(a);
-    // An expansion waits for a chain that will never finish, and is told so at the deadline.
-    let err = b.join_forest(join("late", shape)).await.unwrap_err();
-    assert_eq!(err.code(), Some(ErrorCode::ForestExpired));
-    let stats = b.stats().await.unwrap();
+    let root = c.join_forest(join("late", shape)).await.unwrap();
+    play(&c, &root, 1).await;
+    // One of the two expansions never joins: the forest cannot finish, and expires.
+    c.join_forest(join("late", shape)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let stats = c.stats().await.unwrap();
     assert_eq!((stats.forests_live, stats.forests_expired, stats.episodes_live), (0, 1, 0));
     assert_eq!(
-        b.join_forest(join("late", shape)).await.unwrap_err().code(),
+        c.join_forest(join("late", shape)).await.unwrap_err().code(),
         Some(ErrorCode::ForestExpired),
         "a late row of an expired forest does not start a new one"
     );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_ends_keeps_its_finished_chains_and_breaks_its_unfinished_ones() {
+    let mut config = ServerConfig::default();
+    // No reattach: a dropped connection ends its session at once.
+    config.limits.reattach_grace_secs = 0;
+    let server = TestServer::start(config).await;
+    let shape = ForestShape { m: 1, n: 2, l: 1, k: 3 };
+    // The root's worker finishes its chain and goes: the forest owns the episode, later rounds
+    // still fork it.
+    let a = server.client().await;
+    let root = a.join_forest(join("kept", shape)).await.unwrap();
+    play(&a, &root, 1).await;
+    drop(a);
+    let b = server.client().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.stats().await.unwrap().episodes_live, 1, "the finished chain outlives its session");
+    for _ in 0..2 {
+        let r = b.join_forest(join("kept", shape)).await.unwrap();
+        assert_eq!(r.from.unwrap().episode, root.episode);
+        play(&b, &r, 2).await;
+    }
+    assert_eq!(b.stats().await.unwrap().forests_finished, 1);
+    // A worker that dies mid-chain: the forest cannot finish, so it ends at once and the row
+    // waiting for that chain hears so well before the 600 s deadline.
+    let a = server.client().await;
+    let root = a.join_forest(join("broken", shape)).await.unwrap();
+    step(&a, root.episode, SEARCH, 1).await;
+    let waiting = {
+        let b = Arc::new(b);
+        let bb = b.clone();
+        (b, tokio::spawn(async move { bb.join_forest(join("broken", shape)).await }))
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(a);
+    let err = tokio::time::timeout(Duration::from_secs(10), waiting.1).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::ForestExpired));
+    assert_eq!(waiting.0.stats().await.unwrap().forests_expired, 1);
     server.shutdown().await;
 }

@@ -55,6 +55,8 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         regimes: vec![Regime { name: "start".into(), model, note: "random init".into() }],
         lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
         record: Some(dir.path().join("record")),
+        analysis: Some(grove_trainer::analysis::Analysis { last_evals: 1, no_effect_margin: 0.03 }),
+        report_only: false,
     };
     let results = run_experiment(&cfg, false).unwrap();
     let regime = &results.regimes[0];
@@ -113,6 +115,8 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     assert!(config_of("chain-n-2").contains("kind = \"chain\""));
 
     let table = format_table(&results);
+    assert!(table.contains("### Pre-registered analysis") && table.contains("2 complete pairs"), "{table}");
+    assert!(table.contains("Floor (no-search answer-kind guess)"), "the world's floor beside the EMs: {table}");
     assert!(table.contains("| start (before RL) |") && table.contains("| chain n=2 | 2 |"), "{table}");
     assert!(table.contains("| tree (1,2,1) | 2 |") && table.contains("synthetic_3hop EM"), "{table}");
     assert!(table.contains("| ≈2 | tree (1,2,1) | chain n=2 | 2 |"), "{table}");
@@ -145,6 +149,16 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let again = run_experiment(&cfg, false).unwrap();
     assert!(out.join("start/chain-n-2/seed-1/eval-1.json").exists());
     assert_eq!(again.regimes[0].runs.len(), 4);
+    // Report only: a seed with no finished runs is left out (complete pairs only) and nothing
+    // trains, whatever the seeds listed.
+    let mut report = cfg.clone();
+    report.seeds = vec![0, 1, 2];
+    report.report_only = true;
+    let reported = run_experiment(&report, false).unwrap();
+    assert_eq!(reported.regimes[0].runs.len(), 4, "seed 2 has no run and none is trained");
+    assert!(!out.join("start/chain-n-2/seed-2").exists());
+    let a = grove_trainer::analysis::analyse(&report, &reported.regimes[0], report.analysis.as_ref().unwrap());
+    assert_eq!(a[0].pairs.len(), 2);
     let mut other = cfg;
     other.train.kl_coef = 0.5;
     let e = format!("{:#}", run_experiment(&other, false).unwrap_err());
