@@ -1,85 +1,19 @@
 """Makes `grove_client` importable without installing it, and starts a real env-server over
 the wiki-18 sample corpus for the whole test session."""
 
-import os
 import pathlib
-import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
 
-REPO = HERE.parent.parent.parent
-CORPUS = REPO.parent / "shared" / "fixtures" / "wiki18-sample.jsonl"
-
-
-# `cargo xtask test` sets this: there a missing server or fixture is a failure, not a skip.
-REQUIRED = os.environ.get("GROVE_REQUIRE_ENV_SERVER") == "1"
-
-
-def _server_binary():
-    from_env = os.environ.get("GROVE_ENV_SERVER")
-    if from_env and not pathlib.Path(from_env).is_file():
-        pytest.fail(f"GROVE_ENV_SERVER={from_env} is not a file")
-    for candidate in [from_env, REPO / "target" / "debug" / "env-server"]:
-        if candidate and pathlib.Path(candidate).is_file():
-            return pathlib.Path(candidate)
-    return None
-
-
-def _missing(why):
-    if REQUIRED:
-        pytest.fail(why)
-    pytest.skip(why)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+import envserver  # noqa: E402  (after the path is set)
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """`ws://` URL of a running env-server; killed at the end of the session."""
-    binary = _server_binary()
-    if binary is None:
-        _missing("no env-server binary: set GROVE_ENV_SERVER or run `cargo build -p grove-env-server --bin env-server`")
-    if not CORPUS.is_file():
-        _missing(f"no wiki-18 fixture at {CORPUS}")
-    work = tmp_path_factory.mktemp("env-server")
-    corpus = work / CORPUS.name  # the server writes its index beside the corpus
-    shutil.copy(CORPUS, corpus)
-    port = _free_port()
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--corpus", str(corpus), "--bind", f"127.0.0.1:{port}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"env-server exited with {proc.returncode}: {(work / 'server.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("env-server did not start listening within 120 s")
-                time.sleep(0.1)
-        yield f"ws://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    yield from envserver.serve(tmp_path_factory)

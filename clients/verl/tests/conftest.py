@@ -2,13 +2,8 @@
 env-server over the wiki-18 sample corpus (like clients/python/tests/conftest.py); loads
 SmolLM2-135M-Instruct (tests/smollm2.py) once per session."""
 
-import os
 import pathlib
-import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,76 +12,18 @@ REPO = HERE.parent.parent.parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(REPO / "clients" / "python" / "src"))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "clients" / "python" / "tests"))
 
-CORPUS = REPO.parent / "shared" / "fixtures" / "wiki18-sample.jsonl"
-SEARCHR1 = REPO.parent / "shared" / "fixtures" / "searchr1-sample.parquet"
+import envserver  # noqa: E402  (after the path is set)
 
-# Under `cargo xtask test` (or by hand) a missing server, model or fixture is a failure, not a skip.
-REQUIRED = os.environ.get("GROVE_REQUIRE_ENV_SERVER") == "1"
-
-
-def missing(why):
-    if REQUIRED:
-        pytest.fail(why)
-    pytest.skip(why)
-
-
-def server_binary():
-    from_env = os.environ.get("GROVE_ENV_SERVER")
-    if from_env and not pathlib.Path(from_env).is_file():
-        pytest.fail(f"GROVE_ENV_SERVER={from_env} is not a file")
-    for candidate in [from_env, REPO / "target" / "debug" / "env-server"]:
-        if candidate and pathlib.Path(candidate).is_file():
-            return pathlib.Path(candidate)
-    return None
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+missing = envserver.missing
+server_binary = envserver.server_binary
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """`ws://` URL of a running env-server; killed at the end of the session."""
-    binary = server_binary()
-    if binary is None:
-        missing("no env-server binary: set GROVE_ENV_SERVER or build target/debug/env-server")
-    if not CORPUS.is_file():
-        missing(f"no wiki-18 fixture at {CORPUS}")
-    work = tmp_path_factory.mktemp("env-server")
-    corpus = work / CORPUS.name  # the server writes its index beside the corpus
-    shutil.copy(CORPUS, corpus)
-    port = _free_port()
-    log = open(work / "server.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--corpus", str(corpus), "--bind", f"127.0.0.1:{port}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"env-server exited with {proc.returncode}: {(work / 'server.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("env-server did not start listening within 120 s")
-                time.sleep(0.1)
-        yield f"ws://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
+    yield from envserver.serve(tmp_path_factory)
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
