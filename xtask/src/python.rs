@@ -22,22 +22,10 @@ pub fn python(venv: &Path) -> PathBuf {
 }
 
 pub fn ensure_venv(venv: &Path) -> Result<()> {
-    let stamp = venv.join("grove-requirements.txt");
     let wanted = REQUIREMENTS.join("\n") + "\n";
-    if python(venv).exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok(());
-    }
-    if venv.exists() {
-        std::fs::remove_dir_all(venv).with_context(|| format!("remove stale venv {}", venv.display()))?;
-    }
-    let mut cmd = Command::new(util::python_for_pip());
-    cmd.args(["-m", "venv"]).arg(venv);
-    util::run_cmd(&mut cmd).context("cannot create the Python venv (is python3-venv installed?)")?;
-    let mut pip = Command::new(python(venv));
-    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(REQUIREMENTS);
-    util::run_cmd(&mut pip).context("pip install into the venv failed")?;
-    std::fs::write(&stamp, wanted)?;
-    Ok(())
+    ensure(venv, &wanted, &mut |pip| {
+        pip.args(REQUIREMENTS);
+    })
 }
 
 /// The venv of the verl integration tests (`clients/verl`): verl from the registry with the exact
@@ -48,10 +36,18 @@ pub fn verl_venv_dir() -> PathBuf {
 }
 
 /// Create or refresh the verl venv: every pinned package installed without resolving (the pins
-/// are the whole closure), recreated when the pin file changes.
+/// are the whole closure).
 pub fn ensure_verl_venv(root: &Path, venv: &Path) -> Result<()> {
     let pins = root.join("clients/verl/requirements-test.txt");
     let wanted = std::fs::read_to_string(&pins).with_context(|| format!("read {}", pins.display()))?;
+    ensure(venv, &wanted, &mut |pip| {
+        pip.args(["--no-deps", "-r"]).arg(&pins);
+    })
+}
+
+/// A venv whose stamp file says it holds `wanted`; otherwise made anew, `install` adding what
+/// `pip install` gets.
+fn ensure(venv: &Path, wanted: &str, install: &mut dyn FnMut(&mut Command)) -> Result<()> {
     let stamp = venv.join("grove-requirements.txt");
     if python(venv).exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(());
@@ -61,10 +57,12 @@ pub fn ensure_verl_venv(root: &Path, venv: &Path) -> Result<()> {
     }
     let mut cmd = Command::new(util::python_for_pip());
     cmd.args(["-m", "venv"]).arg(venv);
-    util::run_cmd(&mut cmd).context("cannot create the verl venv (is python3-venv installed?)")?;
+    util::run_cmd(&mut cmd)
+        .with_context(|| format!("cannot create the venv {} (is python3-venv installed?)", venv.display()))?;
     let mut pip = Command::new(python(venv));
-    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "-r"]).arg(&pins);
-    util::run_cmd(&mut pip).context("pip install of the verl test packages failed")?;
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]);
+    install(&mut pip);
+    util::run_cmd(&mut pip).with_context(|| format!("pip install into {} failed", venv.display()))?;
     std::fs::write(&stamp, wanted)?;
     Ok(())
 }
