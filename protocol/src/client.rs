@@ -340,7 +340,12 @@ impl Connection {
         loop {
             let why = self.serve(&mut ws, &mut requests).await;
             let Some(why) = why else {
-                let _ = ws.close(None).await;
+                // A normal closure (1000): the server ends the session now, not after its grace.
+                let goodbye = tungstenite::protocol::CloseFrame {
+                    code: tungstenite::protocol::frame::coding::CloseCode::Normal,
+                    reason: "".into(),
+                };
+                let _ = ws.close(Some(goodbye)).await;
                 self.shared.close("the client was dropped".into());
                 return;
             };

@@ -130,6 +130,23 @@ def test_episodes_belong_to_their_connection(server):
         assert (err.value.code, err.value.number) == ("not_owner", 205)
 
 
+def test_a_closed_client_says_goodbye_and_its_episodes_close_at_once(server):
+    """disconnect() closes with code 1000: the server ends the session now, not after its 60 s
+    reattach grace (PROTOCOL.md section 10.1)."""
+    import time
+
+    with Client(server) as watcher:
+        base = watcher.stats()["episodes_live"]
+        env = Client(server)
+        env.create_episodes([bridge_task(), bridge_task()])
+        assert watcher.stats()["episodes_live"] == base + 2
+        env.disconnect()
+        deadline = time.monotonic() + 1.0
+        while watcher.stats()["episodes_live"] != base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watcher.stats()["episodes_live"] == base
+
+
 def test_stats_count_work(server):
     with Client(server) as env:
         before = env.stats()

@@ -43,7 +43,8 @@ class ScriptedWs:
             raise StopAsyncIteration
         return frame
 
-    async def close(self):
+    async def close(self, code=1000):
+        self.close_code = code
         await self.frames.put(None)
 
 

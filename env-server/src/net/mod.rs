@@ -74,9 +74,11 @@ pub(crate) enum DriverInput {
     Detach {
         conn: ConnId,
     },
-    /// The connection has closed and its writer has stopped.
+    /// The connection has closed and its writer has stopped; `goodbye` when the client closed
+    /// it normally (its session ends now instead of waiting for a reattach).
     Closed {
         conn: ConnId,
+        goodbye: bool,
     },
 }
 
@@ -328,7 +330,7 @@ fn apply(wake: Wake, sim: &mut Sim, sessions: &mut session::Sessions, metrics: &
             }
         }
         Wake::Input(DriverInput::Detach { conn }) => sessions.detach(conn),
-        Wake::Input(DriverInput::Closed { conn }) => sessions.closed(conn, sim, metrics),
+        Wake::Input(DriverInput::Closed { conn, goodbye }) => sessions.closed(conn, goodbye, sim, metrics),
         Wake::InputsClosed => return false,
         Wake::Timer => {}
     }

@@ -313,8 +313,9 @@ impl Sessions {
         }
     }
 
-    /// The connection has closed and its writer has stopped.
-    pub(crate) fn closed(&mut self, conn: ConnId, sim: &mut Sim, metrics: &Metrics) {
+    /// The connection has closed and its writer has stopped. After a goodbye (a normal Close)
+    /// the session ends at once: its episodes are closed and its token forgotten.
+    pub(crate) fn closed(&mut self, conn: ConnId, goodbye: bool, sim: &mut Sim, metrics: &Metrics) {
         let Some(c) = self.conns.remove(&conn) else { return };
         let Some(sid) = c.session else { return };
         let Some(state) = self.sessions.get_mut(&sid) else { return };
@@ -325,7 +326,7 @@ impl Sessions {
         if let Some(w) = state.waiting.take() {
             return self.complete_resume(sid, w, metrics);
         }
-        if self.grace.is_zero() {
+        if self.grace.is_zero() || goodbye {
             self.end(sid, sim);
         } else {
             state.detached_at = Some(Instant::now());

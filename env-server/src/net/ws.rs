@@ -13,6 +13,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::http::Slot;
 use super::session::RingCell;
@@ -90,6 +91,9 @@ where
     let mut killed = kill.subscribe();
     let idle = Duration::from_secs(limits.connection_idle_secs);
     let mut handshaken = false;
+    // A Close frame with code 1000 (or none) is a goodbye: the session ends now. Anything else (a
+    // drop, a reset, a time-out, another close code) waits for a reattach.
+    let mut goodbye = false;
     loop {
         let next = tokio::select! {
             _ = shutdown.changed() => {
@@ -117,7 +121,10 @@ where
         };
         let bytes = match msg {
             Message::Binary(b) => b,
-            Message::Close(_) => break,
+            Message::Close(frame) => {
+                goodbye = frame.as_ref().is_none_or(|f| f.code == CloseCode::Normal);
+                break;
+            }
             // Heartbeats: tungstenite answers pings itself; any frame resets the idle clock.
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
             Message::Text(_) => {
@@ -208,7 +215,7 @@ where
         kill.send_replace(true);
         let _ = writer.await;
     }
-    let _ = ctx.driver.send(DriverInput::Closed { conn }).await;
+    let _ = ctx.driver.send(DriverInput::Closed { conn, goodbye }).await;
     ctx.metrics.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     tracing::debug!(conn, "connection closed");
 }

@@ -303,3 +303,51 @@ async fn reattach_replays_held_replies_and_names_the_ones_never_received() {
     let Response::Stepped(s) = stepped.msg else { panic!("{stepped:?}") };
     assert_eq!(s.results[0].as_ref().unwrap().reward.as_ref().unwrap().metric_value, 1.0);
 }
+
+/// RFC 6455 tells a normal closure from a drop: a client that closes with code 1000 says
+/// goodbye, and its session ends at once (episodes closed, token forgotten) at the default
+/// 60 s grace; a close with another code (here 4000, "I will be back") or no Close frame at all
+/// waits for a reattach, and the episodes are there when it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_normal_close_ends_the_session_at_once_and_a_drop_waits_for_a_reattach() {
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let server = TestServer::start(ServerConfig::default()).await;
+    let watcher = server.client().await;
+    let live = || async { watcher.stats().await.unwrap().episodes_live };
+    let create = Request::CreateEpisodes(CreateEpisodes {
+        tasks: vec![em_task(), em_task()],
+        options: EpisodeOptions::default(),
+    });
+    for (code, ends) in [(CloseCode::Normal, true), (CloseCode::from(4000), false)] {
+        let mut ws = raw(&server).await;
+        let token = welcome_of(&send(&mut ws, frame(1, hello())).await).session.unwrap().token;
+        assert!(matches!(send(&mut ws, frame(2, create.clone())).await.msg, Response::EpisodesCreated(_)));
+        assert_eq!(live().await, 2);
+        ws.close(Some(CloseFrame { code, reason: "".into() })).await.unwrap();
+        let mut waited = Duration::ZERO;
+        while live().await != 0 && waited < Duration::from_secs(1) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += Duration::from_millis(50);
+        }
+        let mut again = raw(&server).await;
+        let reply = send(&mut again, frame(1, resume(&token, vec![]))).await;
+        if ends {
+            assert_eq!(live().await, 0, "closed within a second of the goodbye");
+            assert_eq!(err_of(&reply), (1, ErrorCode::SessionExpired), "the token is forgotten");
+        } else {
+            assert_eq!(live().await, 2, "{code:?} waits for a reattach");
+            assert_eq!(welcome_of(&reply).session.unwrap().token, token, "and the reattach finds it");
+            let close = Request::Close(Close { episodes: vec![] });
+            assert!(matches!(send(&mut again, frame(2, close)).await.msg, Response::Closed(_)));
+            again.close(None).await.unwrap();
+            let mut waited = Duration::ZERO;
+            while live().await != 0 && waited < Duration::from_secs(1) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                waited += Duration::from_millis(50);
+            }
+            assert_eq!(live().await, 0, "a close without a code is a goodbye too");
+        }
+    }
+    server.shutdown().await;
+}

@@ -453,10 +453,10 @@ class AsyncClient:
         return (await self._expect({"Ping": {"nonce": nonce}}, "Pong"))["nonce"]
 
     async def disconnect(self):
-        """Close the connection; the server closes every episode it owns (at once, or after the
-        reattach grace period)."""
+        """Close the connection normally (WebSocket code 1000): a goodbye, so the server ends the
+        session at once and closes every episode it owns (PROTOCOL.md section 10.1)."""
         self._closing = True
-        await self._ws.close()
+        await self._ws.close(code=1000)
         if self._reader is not None:
             try:
                 await self._reader
