@@ -557,7 +557,25 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if config.resolved_token().is_none() && !config.bind.ip().is_loopback() {
         tracing::warn!("listening on a non-loopback address without a token");
     }
+    // Ctrl-C, or SIGTERM (what containers, systemd and Ray send): the same drain either way.
     let shutdown = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM; stopping on Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     };
     run(listener, config, backends, shutdown).await?;

@@ -39,6 +39,17 @@ fn config_file_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_from_the_command_line_until_sigint() {
+    serve_until("INT").await;
+}
+
+/// SIGTERM (containers, systemd, Ray) drains like Ctrl-C: with a client still connected and its
+/// episode live, the server tells it so and exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_like_ctrl_c() {
+    serve_until("TERM").await;
+}
+
+async fn serve_until(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     std::fs::copy(fixture("wiki18-sample.jsonl"), &corpus).unwrap();
@@ -57,19 +68,21 @@ async fn serve_from_the_command_line_until_sigint() {
     let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
     assert!(c.step_text(ep.episode, "<search> Ada Kerrigan </search>").await.unwrap().text.contains("Ada Kerrigan"));
     assert!(corpus.with_file_name("corpus.jsonl.index").join("meta.json").exists());
-    drop(c);
-    let status = Command::new("kill").args(["-INT", &server.child.id().to_string()]).status().unwrap();
+    // The client stays connected with its episode live while the signal arrives.
+    let status = Command::new("kill").args([&format!("-{signal}"), &server.child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let mut waited = 0;
     let exit = loop {
         if let Some(s) = server.child.try_wait().unwrap() {
             break s;
         }
-        assert!(waited < 100, "server did not stop on SIGINT");
+        assert!(waited < 100, "server did not stop on SIG{signal}");
         waited += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(exit.success(), "{exit:?}");
+    assert!(exit.success(), "SIG{signal}: {exit:?}");
+    let err = c.step_text(ep.episode, "<answer> Ada Kerrigan </answer>").await.unwrap_err();
+    assert!(err.code() == Some(grove_protocol::ErrorCode::ShuttingDown) || err.code().is_none(), "{err}");
 }
 
 /// With a token configured, the binary refuses missing and wrong tokens on the WebSocket upgrade
