@@ -156,4 +156,5 @@ async fn tokens_and_keys_never_reach_the_logs() {
     for secret in [TOKEN, WRONG, KEY] {
         assert!(!text.contains(secret), "{secret} appears in the log");
     }
+    assert!(!text.contains('\u{1b}'), "a log file has no ANSI colour codes");
 }
