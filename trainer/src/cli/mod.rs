@@ -3,6 +3,7 @@
 //! library, which owns every workflow (training, SFT, warm starts, evaluation, budgets).
 
 mod args;
+mod heartbeat;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -78,6 +79,11 @@ enum Command {
 impl Cli {
     pub fn run(self) -> Result<()> {
         grove_trainer::device::pin_threads(self.threads);
+        // Off a terminal every long command says it is alive at least every 30 s.
+        let _alive = match &self.command {
+            Command::Generate(_) | Command::ImportGguf(_) | Command::World(_) | Command::View(_) => None,
+            other => Some(heartbeat::Heartbeat::start(&format!("trainer {}", command_name(other)))),
+        };
         match self.command {
             Command::Generate(a) => a.run(),
             Command::ImportGguf(a) => a.run(),
@@ -93,6 +99,25 @@ impl Cli {
             Command::Parity(a) => a.run(),
             Command::View(a) => a.run(),
         }
+    }
+}
+
+/// The subcommand's name as typed.
+fn command_name(c: &Command) -> &'static str {
+    match c {
+        Command::Generate(_) => "generate",
+        Command::ImportGguf(_) => "import-gguf",
+        Command::Train(_) => "train",
+        Command::Experiment(_) => "experiment",
+        Command::Eval(_) => "eval",
+        Command::Sft(_) => "sft",
+        Command::Warmstart(_) => "warmstart",
+        Command::World(_) => "world",
+        Command::InitSmall(_) => "init-small",
+        Command::Budget(_) => "budget",
+        Command::Bench(_) => "bench",
+        Command::Parity(_) => "parity",
+        Command::View(_) => "view",
     }
 }
 
