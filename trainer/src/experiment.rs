@@ -404,6 +404,12 @@ fn settings_of(cfg: &TrainConfig) -> TrainConfig {
 /// Run `cfg`, or read the run back when its folder holds a finished run of the same settings.
 /// A finished run of other settings is an error (nothing is overwritten); an unfinished one is
 /// started again.
+/// Every step done, and the last evaluation written when the run evaluates.
+fn finished(cfg: &TrainConfig, run: &RunDir, metrics: &[StepMetrics]) -> bool {
+    metrics.len() as u64 == cfg.steps
+        && (cfg.eval_data.is_none() || cfg.eval_every == 0 || run.eval_path(cfg.steps).exists())
+}
+
 /// A finished run of `cfg` in its folder (restored from the record if missing), or `None`.
 fn finished_run(cfg: &TrainConfig, record: Record<'_>) -> Result<Option<RunSummary>> {
     let run = RunDir::new(&cfg.out_dir);
@@ -414,8 +420,7 @@ fn finished_run(cfg: &TrainConfig, record: Record<'_>) -> Result<Option<RunSumma
         return Ok(None);
     }
     let metrics = run.metrics()?;
-    let finished = metrics.len() as u64 == cfg.steps && run.eval_path(cfg.steps).exists();
-    if !finished || settings_of(&TrainConfig::from_file(&run.config_path())?) != settings_of(cfg) {
+    if !finished(cfg, &run, &metrics) || settings_of(&TrainConfig::from_file(&run.config_path())?) != settings_of(cfg) {
         return Ok(None);
     }
     Ok(Some(RunSummary { metrics, evals: run.evals()?, out_dir: cfg.out_dir.clone() }))
@@ -429,9 +434,7 @@ fn run_or_reuse(cfg: &TrainConfig, label: &str, record: Record<'_>, progress: bo
     if run.config_path().exists() {
         let existing = TrainConfig::from_file(&run.config_path())?;
         let metrics = run.metrics()?;
-        let finished = metrics.len() as u64 == cfg.steps
-            && (cfg.eval_data.is_none() || cfg.eval_every == 0 || run.eval_path(cfg.steps).exists());
-        if finished {
+        if finished(cfg, &run, &metrics) {
             if settings_of(&existing) != settings_of(cfg) {
                 bail!(
                     "{} holds a finished run with other settings than this experiment's; move it away or choose \
