@@ -9,7 +9,7 @@ import pathlib
 import msgpack
 import pytest
 
-from wire_values import value_types
+from wire_values import as_json, as_wire, value_types
 
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden"
 NAMES = sorted(p.stem for p in GOLDEN.glob("*.hex"))
@@ -25,7 +25,7 @@ def test_there_are_golden_frames_for_requests_and_responses():
 def test_frame_decodes_to_documented_value(name):
     frame = bytes.fromhex((GOLDEN / f"{name}.hex").read_text().strip())
     expected = json.loads((GOLDEN / f"{name}.json").read_text())
-    decoded = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    decoded = as_json(msgpack.unpackb(frame, raw=False, strict_map_key=False))
     assert decoded == expected
     # Types matter on the wire, not only values: floats stay floats, ints stay ints.
     assert value_types(decoded) == value_types(expected)
@@ -37,4 +37,4 @@ def test_python_encoding_is_byte_identical(name):
     rmp-serde does, so a Python client produces the very same bytes."""
     frame = bytes.fromhex((GOLDEN / f"{name}.hex").read_text().strip())
     expected = json.loads((GOLDEN / f"{name}.json").read_text())
-    assert msgpack.packb(expected, use_bin_type=True) == frame
+    assert msgpack.packb(as_wire(expected), use_bin_type=True) == frame
