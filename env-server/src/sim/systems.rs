@@ -66,12 +66,32 @@ fn handle_request(world: &mut World, conn: ConnId, id: RequestId, request: Reque
     world.resource_mut::<Outbox>().replies.push(reply(conn, id, msg));
 }
 
+/// The entity of `episode`, if it exists.
+fn existing(world: &World, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
+    world
+        .resource::<Directory>()
+        .by_id
+        .get(&episode)
+        .copied()
+        .ok_or_else(|| ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}")))
+}
+
 /// The entity of `episode` if it exists and belongs to `conn`.
 fn owned(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
-    let entity =
-        *world.resource::<Directory>().by_id.get(&episode).ok_or_else(|| {
-            ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}"))
-        })?;
+    let entity = existing(world, episode)?;
+    owner_is(world, conn, episode, entity)
+}
+
+/// [`owned`], or a forest episode granted to `conn` (steps and transcripts only).
+fn owned_or_held(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
+    let entity = existing(world, episode)?;
+    match world.get::<ForestHold>(entity) {
+        Some(h) if h.holder == conn => Ok(entity),
+        _ => owner_is(world, conn, episode, entity),
+    }
+}
+
+fn owner_is(world: &World, conn: ConnId, episode: EpisodeId, entity: Entity) -> Result<Entity, ErrorInfo> {
     match world.get::<Owner>(entity) {
         Some(Owner(o)) if *o == conn => Ok(entity),
         Some(Owner(o)) if *o >= FOREST_OWNER_FLOOR => Err(ErrorInfo::for_episode(
@@ -80,18 +100,6 @@ fn owned(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, Erro
             "the episode belongs to a forest: its row may step and read it, only the forest forks and closes it",
         )),
         _ => Err(ErrorInfo::for_episode(ErrorCode::NotOwner, episode, "the episode belongs to another connection")),
-    }
-}
-
-/// [`owned`], or a forest episode granted to `conn` (steps and transcripts only).
-fn owned_or_held(world: &World, conn: ConnId, episode: EpisodeId) -> Result<Entity, ErrorInfo> {
-    let entity =
-        *world.resource::<Directory>().by_id.get(&episode).ok_or_else(|| {
-            ErrorInfo::for_episode(ErrorCode::UnknownEpisode, episode, format!("no episode {episode}"))
-        })?;
-    match world.get::<ForestHold>(entity) {
-        Some(h) if h.holder == conn => Ok(entity),
-        _ => owned(world, conn, episode),
     }
 }
 
