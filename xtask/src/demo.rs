@@ -708,25 +708,30 @@ data_source = "synthetic""#
 /// SmolLM2 in `--full`, and `cargo xtask experiment`): the spec's where they translate (T = 1,
 /// top-p 0.95, k3 KL 0.001, entropy 0.001; the warm-up is the method's unless a run sets it), at
 /// most 4 turns of 48 new tokens, top-1 search.
-pub(crate) const WORLD_RL_SETTINGS: &str = "max_turns = 4
-max_obs_tokens = 200
-max_new_tokens = 48
-max_response_tokens = 1024
-max_context = 2048
+pub(crate) const WORLD_RL_SETTINGS: &str = concat!(
+    world_rollout!(),
+    "
 temperature = 1.0
 top_p = 0.95
 kl_coef = 0.001
-entropy_coef = 0.001
-topk = 1";
+entropy_coef = 0.001"
+);
 
-/// The rollout-shape keys of [`WORLD_RL_SETTINGS`], for a config that sets its own sampling and
-/// loss coefficients.
-const WORLD_ROLLOUT: &str = "max_turns = 4
+/// The rollout-shape keys of [`WORLD_RL_SETTINGS`] (a macro, so that both constants are one
+/// literal), for a config that sets its own sampling and loss coefficients.
+macro_rules! world_rollout {
+    () => {
+        "max_turns = 4
 max_obs_tokens = 200
 max_new_tokens = 48
 max_response_tokens = 1024
 max_context = 2048
-topk = 1";
+topk = 1"
+    };
+}
+use world_rollout;
+
+const WORLD_ROLLOUT: &str = world_rollout!();
 
 /// Update batching of the small policy (the demo's RL run and the experiment): 4 mini-batches per
 /// step, micro-batches of 8 rows. The demo's learning rate, 3e-4, is the one the experiment's sweep
