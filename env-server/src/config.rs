@@ -133,6 +133,10 @@ pub struct LimitsConfig {
     /// is kept whatever its size). A reply pushed out before its client reattached is answered
     /// with `reply_lost`. Memory: up to this much per connection that moves that much data.
     pub replay_buffer_bytes: usize,
+    /// Bytes of replies all sessions together keep for replay: past it, a session that adds a
+    /// reply pushes out its own oldest ones first (each keeps its newest). Bounds the memory of
+    /// `replay_buffer_bytes` x `max_connections` (4 GiB at the defaults).
+    pub max_replay_bytes_total: usize,
     /// Documents in one HTTP `/retrieve` request.
     pub max_retrieve_queries: usize,
     /// An HTTP request head (the WebSocket upgrade included) must arrive in full within this
@@ -175,6 +179,7 @@ impl Default for LimitsConfig {
             reattach_grace_secs: 60,
             write_timeout_secs: 60,
             replay_buffer_bytes: 4 << 20,
+            max_replay_bytes_total: 256 << 20,
             max_retrieve_queries: 4_096,
             http_header_timeout_secs: 30,
             http_request_timeout_secs: 60,

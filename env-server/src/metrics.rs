@@ -73,6 +73,10 @@ pub struct Metrics {
     /// Sessions whose grace period ran out; their episodes were closed.
     pub sessions_expired: AtomicU64,
     pub retrieve_requests: AtomicU64,
+    /// Bytes of encoded replies all sessions keep for replay (`max_replay_bytes_total` bounds it).
+    pub replay_bytes: AtomicU64,
+    /// Replies pushed out of a session's replay buffer by the server-wide bound, not its own.
+    pub replay_pushed_out_for_memory: AtomicU64,
     pub search_latency: Histogram,
     pub step_latency: Histogram,
     errors: [AtomicU64; ErrorCode::ALL.len()],
@@ -128,6 +132,18 @@ impl Metrics {
             &self.sessions_expired,
         );
         gauge("grove_retrieve_requests_total", "counter", "HTTP /retrieve requests.", &self.retrieve_requests);
+        gauge(
+            "grove_replay_bytes",
+            "gauge",
+            "Bytes of replies kept for replay after a drop, all sessions together.",
+            &self.replay_bytes,
+        );
+        gauge(
+            "grove_replay_pushed_out_for_memory_total",
+            "counter",
+            "Replies pushed out of a replay buffer by max_replay_bytes_total.",
+            &self.replay_pushed_out_for_memory,
+        );
         let _ = writeln!(out, "# HELP grove_errors_total Error replies by code.\n# TYPE grove_errors_total counter");
         for (code, n) in ErrorCode::ALL.iter().zip(&self.errors) {
             let _ = writeln!(out, "grove_errors_total{{code=\"{code}\"}} {}", n.load(Ordering::Relaxed));

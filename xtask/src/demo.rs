@@ -77,8 +77,11 @@ pub struct DemoArgs {
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub rl_seeds: Vec<u64>,
     /// The questions the small policy is evaluated on before and after RL: the held-out ones
-    /// (the demo's figure), or a fixed sample of 100 *training* questions, on which settings
-    /// are chosen without looking at held-out data.
+    /// (the demo's figure), or a validation split of the *training* questions, on which settings
+    /// are chosen without looking at held-out data. With `validation` the world keeps the last
+    /// `VALIDATION_PER_HOPS` of its training questions per hop count out of the warm start and
+    /// the RL (so they are as unseen as held-out questions) and evaluates on them; use a `--out`
+    /// of its own.
     #[arg(long, value_enum, default_value = "held-out")]
     pub rl_eval_on: EvalOn,
     /// Keep the warm start already in `--out` (its world, trajectories and SFT policy) instead of
@@ -91,8 +94,15 @@ pub struct DemoArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EvalOn {
     HeldOut,
-    Train,
+    Validation,
 }
+
+/// Training questions per hop count that `--rl-eval-on validation` keeps out of the warm start
+/// and the RL, out of the world's 200.
+const VALIDATION_PER_HOPS: usize = 50;
+
+/// Training questions per hop count of the demo's world.
+const TRAIN_PER_HOPS: usize = 200;
 
 /// The small policy's RL settings in the demo.
 pub(crate) struct DemoRl {
@@ -216,10 +226,17 @@ impl Ctx {
 
     /// Write the synthetic world (unless present) and serve its corpus.
     pub(crate) fn world_server(&self, test_questions: usize) -> Result<Server> {
+        self.world_server_training(test_questions, TRAIN_PER_HOPS)
+    }
+
+    /// [`world_server`](Self::world_server) with the first `train` of the world's training
+    /// questions per hop count (the world's questions are drawn as one pool, so the held-out
+    /// questions and the first `train` training questions do not depend on `train`).
+    fn world_server_training(&self, test_questions: usize, train: usize) -> Result<Server> {
         if !self.out.join("world/world.toml").exists() {
             util::banner("synthetic world: corpus, training and held-out 2/3-hop questions");
-            let test = test_questions.to_string();
-            self.trainer(&["world", "--out", "world", "--train", "200", "--test", &test])?;
+            let (test, train) = (test_questions.to_string(), train.to_string());
+            self.trainer(&["world", "--out", "world", "--train", &train, "--test", &test])?;
         }
         let server = start_server(
             &self.env_server,
@@ -354,11 +371,43 @@ impl Ctx {
     }
 }
 
+/// `--rl-eval-on validation`: the demo's world with its last [`VALIDATION_PER_HOPS`] training
+/// questions per hop count left out of `world/` (so out of the warm start and the RL) and written
+/// to `world/valid.jsonl`, the questions the RL settings are chosen on.
+fn validation_world_server(ctx: &Ctx, test_questions: usize) -> Result<Server> {
+    let keep = TRAIN_PER_HOPS - VALIDATION_PER_HOPS;
+    let valid = ctx.out.join("world/valid.jsonl");
+    if !valid.exists() {
+        let _ = std::fs::remove_dir_all(ctx.out.join("world"));
+        let _ = std::fs::remove_dir_all(ctx.out.join("world-full"));
+        let (test, train) = (test_questions.to_string(), TRAIN_PER_HOPS.to_string());
+        ctx.trainer(&["world", "--out", "world-full", "--train", &train, "--test", &test])?;
+        let full = std::fs::read_to_string(ctx.out.join("world-full/train.jsonl"))?;
+        let mut lines = String::new();
+        for line in full.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).context("world-full/train.jsonl")?;
+            let id = row["id"].as_str().context("a training question without an id")?;
+            let index: usize = id.rsplit('-').next().and_then(|i| i.parse().ok()).context("a training id")?;
+            if index >= keep {
+                lines.push_str(line);
+                lines.push('\n');
+            }
+        }
+        let server = ctx.world_server_training(test_questions, keep)?;
+        std::fs::write(&valid, lines)?;
+        return Ok(server);
+    }
+    ctx.world_server_training(test_questions, keep)
+}
+
 pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let started = Instant::now();
     let ctx = Ctx::prepare(root, &args.out, args.release)?;
     let out = &ctx.out;
-    let server = ctx.world_server(args.test_questions)?;
+    let server = match args.rl_eval_on {
+        EvalOn::HeldOut => ctx.world_server(args.test_questions)?,
+        EvalOn::Validation => validation_world_server(&ctx, args.test_questions)?,
+    };
     if args.reuse_warm_start && out.join("sft/model.safetensors").exists() {
         eprintln!("reusing the warm start in {}", out.join("sft").display());
     } else {
@@ -611,7 +660,7 @@ struct SmallRun {
 fn rl_dir(args: &DemoArgs, seed: u64) -> String {
     let on = match args.rl_eval_on {
         EvalOn::HeldOut => "",
-        EvalOn::Train => "-train-eval",
+        EvalOn::Validation => "-validation",
     };
     if seed == args.rl_seeds[0] { format!("rl{on}") } else { format!("rl{on}-seed-{seed}") }
 }
@@ -620,7 +669,7 @@ fn rl_dir(args: &DemoArgs, seed: u64) -> String {
 fn print_small(args: &DemoArgs, small: &[SmallRun]) {
     let on = match args.rl_eval_on {
         EvalOn::HeldOut => "held-out synthetic questions",
-        EvalOn::Train => "a fixed sample of 100 training questions",
+        EvalOn::Validation => "the validation split of the training questions (unseen by warm start and RL)",
     };
     println!(
         "small policy (from scratch, SFT warm start) on {on}, greedy EM, before and after {} Tree-GRPO steps (lr {:e}, \
@@ -652,14 +701,9 @@ fn print_small(args: &DemoArgs, small: &[SmallRun]) {
 
 /// The `trainer train` configuration of one seed of the demo's RL run.
 fn demo_train_config(env: &str, args: &DemoArgs, seed: u64, dir: &str) -> String {
-    let eval = match args.rl_eval_on {
-        EvalOn::HeldOut => String::new(),
-        // Replaces `world_keys`' held-out file: the same 100 training questions for every seed.
-        EvalOn::Train => "eval_max_questions = 100\neval_seed = 0\n".into(),
-    };
     let world = match args.rl_eval_on {
         EvalOn::HeldOut => world_keys(env),
-        EvalOn::Train => world_keys(env).replace("world/test.jsonl", "world/train.jsonl"),
+        EvalOn::Validation => world_keys(env).replace("world/test.jsonl", "world/valid.jsonl"),
     };
     format!(
         r#"# Written by `cargo xtask demo`.
@@ -680,7 +724,7 @@ entropy_coef = 0.001
 eval_every = {steps}
 eval_before = true
 eval_sampled = false
-{eval}save_every = 0
+save_every = 0
 "#,
         steps = args.steps,
         prompts = args.prompts,

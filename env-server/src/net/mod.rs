@@ -132,6 +132,7 @@ pub async fn run(
         welcome.clone(),
         Duration::from_secs(config.limits.reattach_grace_secs),
         config.limits.replay_buffer_bytes,
+        session::ReplayBudget::new(metrics.clone(), config.limits.max_replay_bytes_total),
         config.limits.max_in_flight_per_connection,
     );
     let sim_thread = {

@@ -11,12 +11,14 @@
 //! replies its writers handed to the socket, newest first, within `replay_buffer_bytes`
 //! ([`Ring`]), (b) the replies produced while detached, and (c) which requests are still being
 //! worked on and on which connection they arrived. A pending id in none of these was never
-//! received: the client sends it again.
+//! received: the client sends it again. All rings together stay within `max_replay_bytes_total`
+//! (a ring over it pushes out its own oldest replies; each keeps its newest).
 //!
 //! Only the sim thread touches [`Sessions`]; connection writers reach their session's [`Ring`]
 //! through the cell the sim thread fills at the handshake.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -31,12 +33,38 @@ use crate::sim::{ConnId, Sim};
 /// A session's id; the sim sees it as the owner of the session's episodes.
 pub(crate) type SessionId = u64;
 
+/// What every session's [`Ring`] holds together, and the server-wide bound on it.
+#[derive(Debug)]
+pub(crate) struct ReplayBudget {
+    metrics: Arc<Metrics>,
+    max_total: usize,
+}
+
+impl ReplayBudget {
+    pub(crate) fn new(metrics: Arc<Metrics>, max_total: usize) -> Arc<ReplayBudget> {
+        Arc::new(ReplayBudget { metrics, max_total })
+    }
+
+    fn add(&self, n: usize) {
+        self.metrics.replay_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        self.metrics.replay_bytes.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+
+    fn over(&self) -> bool {
+        self.metrics.replay_bytes.load(Ordering::Relaxed) as usize > self.max_total
+    }
+}
+
 /// The encoded replies a session's writers handed to their sockets, newest last.
 #[derive(Debug)]
 pub(crate) struct Ring {
     entries: VecDeque<(RequestId, Bytes)>,
     bytes: usize,
     max_bytes: usize,
+    budget: Arc<ReplayBudget>,
     /// Ids pushed out of `entries` (bounded): their requests were answered, so a client that
     /// still waits for one gets `reply_lost`, never a second execution.
     evicted: VecDeque<RequestId>,
@@ -44,17 +72,22 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    pub(crate) fn new(max_bytes: usize, max_evicted: usize) -> Ring {
-        Ring { entries: VecDeque::new(), bytes: 0, max_bytes, evicted: VecDeque::new(), max_evicted }
+    pub(crate) fn new(max_bytes: usize, max_evicted: usize, budget: Arc<ReplayBudget>) -> Ring {
+        Ring { entries: VecDeque::new(), bytes: 0, max_bytes, budget, evicted: VecDeque::new(), max_evicted }
     }
 
     pub(crate) fn push(&mut self, id: RequestId, bytes: Bytes) {
         self.bytes += bytes.len();
+        self.budget.add(bytes.len());
         self.entries.push_back((id, bytes));
         // The newest entry stays whatever its size.
-        while self.bytes > self.max_bytes && self.entries.len() > 1 {
+        while (self.bytes > self.max_bytes || self.budget.over()) && self.entries.len() > 1 {
             let Some((old, b)) = self.entries.pop_front() else { break };
+            if self.bytes <= self.max_bytes {
+                self.budget.metrics.replay_pushed_out_for_memory.fetch_add(1, Ordering::Relaxed);
+            }
             self.bytes -= b.len();
+            self.budget.sub(b.len());
             self.evicted.push_back(old);
             if self.evicted.len() > self.max_evicted {
                 self.evicted.pop_front();
@@ -68,6 +101,12 @@ impl Ring {
 
     fn was_evicted(&self, id: RequestId) -> bool {
         self.evicted.contains(&id)
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.budget.sub(self.bytes);
     }
 }
 
@@ -112,12 +151,22 @@ pub(crate) struct Sessions {
     next: SessionId,
     grace: Duration,
     ring_bytes: usize,
+    budget: Arc<ReplayBudget>,
     max_pending: usize,
     welcome: Welcome,
+    /// Detached sessions in the order they detached (the grace is the same for all, so this is
+    /// deadline order); an entry whose session reattached since is skipped when it comes due.
+    detached: VecDeque<(Instant, SessionId)>,
 }
 
 impl Sessions {
-    pub(crate) fn new(welcome: Welcome, grace: Duration, ring_bytes: usize, max_pending: usize) -> Sessions {
+    pub(crate) fn new(
+        welcome: Welcome,
+        grace: Duration,
+        ring_bytes: usize,
+        budget: Arc<ReplayBudget>,
+        max_pending: usize,
+    ) -> Sessions {
         Sessions {
             conns: HashMap::new(),
             sessions: HashMap::new(),
@@ -125,8 +174,10 @@ impl Sessions {
             next: 0,
             grace,
             ring_bytes,
+            budget,
             max_pending,
             welcome,
+            detached: VecDeque::new(),
         }
     }
 
@@ -176,7 +227,7 @@ impl Sessions {
             self.next += 1;
             let sid = self.next;
             let token = new_token();
-            let ring = Arc::new(Mutex::new(Ring::new(self.ring_bytes, self.max_pending * 4)));
+            let ring = Arc::new(Mutex::new(Ring::new(self.ring_bytes, self.max_pending * 4, self.budget.clone())));
             let state = SessionState {
                 token: token.clone(),
                 conn: Some(conn),
@@ -234,7 +285,7 @@ impl Sessions {
             return;
         }
         if state.detached_at.take().is_some() {
-            metrics.sessions_detached.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            metrics.sessions_detached.fetch_sub(1, Ordering::Relaxed);
         }
         state.conn = Some(w.conn);
         let ring = state.ring.clone();
@@ -279,7 +330,7 @@ impl Sessions {
             let why = "the reply was produced but is no longer held (replay_buffer_bytes); the work was done";
             self.send_local(w.conn, Envelope::new(id, Response::Error(ErrorInfo::new(ErrorCode::ReplyLost, why))));
         }
-        metrics.reattaches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics.reattaches.fetch_add(1, Ordering::Relaxed);
         let _ = w.done.send(true);
     }
 
@@ -329,24 +380,28 @@ impl Sessions {
         if self.grace.is_zero() || goodbye {
             self.end(sid, sim);
         } else {
-            state.detached_at = Some(Instant::now());
-            metrics.sessions_detached.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let now = Instant::now();
+            state.detached_at = Some(now);
+            self.detached.push_back((now, sid));
+            metrics.sessions_detached.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Close the episodes of sessions whose grace period has run out.
+    /// Close the episodes of sessions whose grace period has run out: only the due ones are
+    /// looked at, oldest detach first.
     pub(crate) fn expire(&mut self, now: Instant, sim: &mut Sim, metrics: &Metrics) {
-        let grace = self.grace;
-        let due: Vec<SessionId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.detached_at.is_some_and(|t| now.duration_since(t) >= grace))
-            .map(|(id, _)| *id)
-            .collect();
-        for sid in due {
+        while let Some(&(at, sid)) = self.detached.front() {
+            if now.duration_since(at) < self.grace {
+                break;
+            }
+            self.detached.pop_front();
+            // Still detached since that moment (not reattached, and not detached again later).
+            if self.sessions.get(&sid).is_none_or(|s| s.detached_at != Some(at)) {
+                continue;
+            }
             self.end(sid, sim);
-            metrics.sessions_detached.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            metrics.sessions_expired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            metrics.sessions_detached.fetch_sub(1, Ordering::Relaxed);
+            metrics.sessions_expired.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -370,7 +425,8 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_newest_replies_within_its_bytes_and_remembers_what_it_dropped() {
-        let mut ring = Ring::new(10, 2);
+        let budget = ReplayBudget::new(Arc::new(Metrics::default()), usize::MAX);
+        let mut ring = Ring::new(10, 2, budget);
         ring.push(1, Bytes::from_static(b"aaaa"));
         ring.push(2, Bytes::from_static(b"bbbb"));
         ring.push(3, Bytes::from_static(b"cccc"));
@@ -380,5 +436,29 @@ mod tests {
         ring.push(4, Bytes::from(vec![0u8; 100]));
         assert!(ring.get(4).is_some() && ring.get(3).is_none());
         assert!(ring.was_evicted(3) && ring.was_evicted(2) && !ring.was_evicted(1), "the record of drops is bounded");
+    }
+
+    #[test]
+    fn rings_together_stay_within_the_servers_replay_bytes_and_give_them_back_when_dropped() {
+        let metrics = Arc::new(Metrics::default());
+        let budget = ReplayBudget::new(metrics.clone(), 10);
+        let mut a = Ring::new(100, 8, budget.clone());
+        let mut b = Ring::new(100, 8, budget);
+        a.push(1, Bytes::from_static(b"aaaa"));
+        a.push(2, Bytes::from_static(b"aaaa"));
+        assert_eq!(metrics.replay_bytes.load(Ordering::Relaxed), 8);
+        // b's push takes the total to 12: b pushes out what it can (nothing but its newest)...
+        b.push(3, Bytes::from_static(b"bbbb"));
+        assert!(b.get(3).is_some());
+        // ...and a's next push (14 in all) brings the total back within 10 by pushing out a's
+        // oldest reply, though a alone is far within its own 100.
+        a.push(4, Bytes::from_static(b"aa"));
+        assert!(a.get(1).is_none() && a.was_evicted(1) && a.get(2).is_some() && a.get(4).is_some());
+        assert_eq!(metrics.replay_bytes.load(Ordering::Relaxed), 10);
+        assert_eq!(metrics.replay_pushed_out_for_memory.load(Ordering::Relaxed), 1);
+        drop(a);
+        assert_eq!(metrics.replay_bytes.load(Ordering::Relaxed), 4);
+        drop(b);
+        assert_eq!(metrics.replay_bytes.load(Ordering::Relaxed), 0);
     }
 }

@@ -73,3 +73,27 @@ pub fn em_task() -> TaskSpec {
 pub fn f1_task() -> TaskSpec {
     TaskSpec { data_source: "simpleqa".into(), golden_answers: vec!["Ada Kerrigan".into()], ..em_task() }
 }
+
+/// `GET path` over a fresh TCP connection: the status code and the body (None when the server
+/// closed the connection without an answer, as it does at accept when its budget is full).
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.ok()?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut reply)).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// One gauge of `/metrics`.
+pub async fn gauge(addr: &str, name: &str) -> Option<u64> {
+    let (status, body) = http_get(addr, "/metrics").await?;
+    if status != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{TestServer, em_task};
+use crate::common::{TestServer, em_task, gauge};
 use futures_util::{SinkExt, StreamExt};
 use grove_env_server::config::ServerConfig;
 use grove_protocol::client::{Client, ClientOptions};
@@ -302,6 +302,37 @@ async fn reattach_replays_held_replies_and_names_the_ones_never_received() {
     let stepped = send(&mut ws, frame(99, Request::Step(Step { actions: vec![step] }))).await;
     let Response::Stepped(s) = stepped.msg else { panic!("{stepped:?}") };
     assert_eq!(s.results[0].as_ref().unwrap().reward.as_ref().unwrap().metric_value, 1.0);
+}
+
+/// The server-wide bound on replay memory acts like a session's own: with room for 1 MiB per
+/// session but 600 bytes for all of them, the create reply is pushed out (the client gets
+/// `reply_lost`), the newest ping is replayed, and `/metrics` counts the push-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_memory_of_all_sessions_together_is_bounded() {
+    let mut config = ServerConfig::default();
+    config.limits.replay_buffer_bytes = 1 << 20;
+    config.limits.max_replay_bytes_total = 600;
+    let server = TestServer::start(config).await;
+    let mut ws = raw(&server).await;
+    let session = welcome_of(&send(&mut ws, frame(1, hello())).await).session.expect("a session");
+    let create = CreateEpisodes { tasks: vec![em_task()], options: EpisodeOptions::default() };
+    assert!(matches!(send(&mut ws, frame(2, Request::CreateEpisodes(create))).await.msg, Response::EpisodesCreated(_)));
+    for id in 3..=6 {
+        assert!(matches!(send(&mut ws, frame(id, Request::Ping(Ping { nonce: id }))).await.msg, Response::Pong(_)));
+    }
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ws = raw(&server).await;
+    let resumed = welcome_of(&send(&mut ws, frame(10, resume(&session.token, vec![2, 6]))).await).resumed.unwrap();
+    assert_eq!((resumed.replayed, resumed.resend), (1, vec![]));
+    let mut got = [recv(&mut ws).await, recv(&mut ws).await];
+    got.sort_by_key(|e| e.id);
+    assert_eq!(err_of(&got[0]), (2, ErrorCode::ReplyLost));
+    assert_eq!(got[1], Envelope::new(6, Response::Pong(Ping { nonce: 6 })));
+    let http = server.http("");
+    let addr = http.trim_start_matches("http://");
+    assert!(gauge(addr, "grove_replay_pushed_out_for_memory_total").await.unwrap() >= 1);
+    assert!(gauge(addr, "grove_replay_bytes").await.unwrap() <= 600 + 200);
 }
 
 /// RFC 6455 tells a normal closure from a drop: a client that closes with code 1000 says

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{em_task, f1_task, fixture};
+use crate::common::{em_task, f1_task, fixture, gauge, http_get};
 use futures_util::{SinkExt, StreamExt};
 use grove_env_server::testkit::{ServerProcess, spawn_ready};
 use grove_protocol::client::{Client, ClientError, ClientOptions};
@@ -844,29 +844,6 @@ async fn megabyte_actions_and_queries() {
     }
     good.finish(T).await;
     server.check_rss(T, before);
-}
-
-/// `GET path` over a fresh TCP connection: the status code and the body (None when the server
-/// closed the connection without an answer, as it does at accept when its budget is full).
-async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    s.write_all(head.as_bytes()).await.ok()?;
-    let mut reply = Vec::new();
-    tokio::time::timeout(LIVENESS, s.read_to_end(&mut reply)).await.ok()?.ok()?;
-    let text = String::from_utf8_lossy(&reply).into_owned();
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
-
-/// One gauge of `/metrics`.
-async fn gauge(addr: &str, name: &str) -> Option<u64> {
-    let (status, body) = http_get(addr, "/metrics").await?;
-    if status != 200 {
-        return None;
-    }
-    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Wait until `name` reads `want`, at most `within`; the last reading.
