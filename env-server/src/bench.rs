@@ -131,6 +131,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let mut config = ServerConfig::default();
+    let connection_slots = grove_env_server::net::connection_budget(config.limits.max_connections).0;
     config.limits.max_turns = 1_000;
     config.limits.max_in_flight_per_connection = 4_096;
     let topk = config.episodes.topk;
@@ -168,21 +169,33 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
     // 3. Baseline: the same searches as Search-R1 `POST /retrieve`, one query per request.
     if !args.no_http {
         let retrieve = format!("http://{addr}/retrieve");
-        let (n, mut lat, wall) = http_phase(&retrieve, &queries, args.episodes, args.seconds, topk).await?;
+        let in_flight = http_in_flight(args.episodes, clients.len(), connection_slots);
+        if in_flight < args.episodes {
+            eprintln!(
+                "HTTP baseline: {in_flight} requests in flight, not {}: each holds a connection (two open files \
+                 in this process), and the server takes {connection_slots} (raise `ulimit -n` for more)",
+                args.episodes
+            );
+        }
+        let (n, mut lat, wall) = http_phase(&retrieve, &queries, in_flight, args.seconds, topk).await?;
         lat.sort_unstable();
         let http_per_s = n as f64 / wall;
         rows.push(row(
             "HTTP POST /retrieve/s, saturated (baseline)",
             format!("{http_per_s:.0}"),
             "requests/s",
-            format!("{} in flight on keep-alive connections, 1 query each, top-{topk}", args.episodes),
+            format!("{in_flight} in flight on keep-alive connections, 1 query each, top-{topk}"),
         ));
         rows.push(latency_row("  request latency p50 / p99, saturated", &lat, ""));
         rows.push(row(
             "  WebSocket steps/s vs HTTP /retrieve/s",
             format!("{:.2}x", steps_per_s / http_per_s),
             "ratio",
-            "same searches, same concurrency",
+            if in_flight == args.episodes {
+                "same searches, same concurrency".to_string()
+            } else {
+                format!("same searches; HTTP at {in_flight} in flight, WebSocket at {}", args.episodes)
+            },
         ));
     }
 
@@ -346,6 +359,19 @@ async fn finish_phase(
 /// The Search-R1 baseline: `concurrency` loops, each posting one query per `POST /retrieve` as
 /// fast as replies come, over a shared pool of keep-alive connections (HTTP/1.1: one request in
 /// flight per connection, so the pool grows to `concurrency` connections).
+/// Requests the HTTP baseline keeps in flight: one per episode, as far as connections allow.
+/// Each holds a TCP connection, whose two ends are both open files of this process, and the
+/// server accepts at most `server_slots` connections, `ws_connections` of which the WebSocket
+/// clients hold.
+fn http_in_flight(episodes: usize, ws_connections: usize, server_slots: usize) -> usize {
+    let by_server = server_slots.saturating_sub(ws_connections + 1);
+    // What is open already (index files, the WebSocket clients), and some room to spare.
+    let open = std::fs::read_dir("/proc/self/fd").map_or(256, |d| d.count());
+    let by_files =
+        grove_env_server::net::open_files_limit().map_or(usize::MAX, |l| (l as usize).saturating_sub(open + 64) / 2);
+    episodes.min(by_server).min(by_files).max(1)
+}
+
 async fn http_phase(
     url: &str,
     queries: &[String],
@@ -354,18 +380,21 @@ async fn http_phase(
     topk: u32,
 ) -> Result<(usize, Vec<Duration>, f64)> {
     grove_http::install_tls_provider();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(concurrency)
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(30))
-        .build()
-        .context("http client")?;
     let stop = Arc::new(AtomicBool::new(false));
     let queries = Arc::new(queries.to_vec());
     let mut tasks = Vec::new();
     let started = Instant::now();
     for e in 0..concurrency {
-        let (http, stop, queries, url) = (http.clone(), stop.clone(), queries.clone(), url.to_string());
+        // A client per worker, each on its own keep-alive connection (as Search-R1's worker
+        // processes have): a shared pool opens more connections than requests in flight when a
+        // connection is not back in the pool yet, and connections are what the limits count.
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("http client")?;
+        let (stop, queries, url) = (stop.clone(), queries.clone(), url.to_string());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = e;

@@ -199,7 +199,7 @@ pub async fn run(
 
 /// The connection budget and its refusal overflow, within the process's open-file limit: each
 /// connection is one descriptor, and a server out of descriptors cannot even answer `/health`.
-fn connection_budget(configured: usize) -> (usize, usize) {
+pub fn connection_budget(configured: usize) -> (usize, usize) {
     let refusals = (configured / 8).clamp(1, 64);
     let Some(limit) = open_files_limit() else { return (configured, refusals) };
     // Descriptors for everything else: listener, index files, logs, backend connections.
@@ -217,7 +217,7 @@ fn connection_budget(configured: usize) -> (usize, usize) {
 }
 
 /// The soft limit on open files (`Max open files` in `/proc/self/limits`), where there is one.
-fn open_files_limit() -> Option<u64> {
+pub fn open_files_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = text.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
