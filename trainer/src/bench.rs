@@ -698,8 +698,11 @@ pub fn train_step(
         format!("{:.1}", (batch * len) as f64 / secs),
         "tokens/s",
         format!(
-            "{batch} x {len} tokens, PPO update at lr 0 (scoring, forward, backward, step); median of {}",
-            repeats.max(1)
+            "{batch} x {len} tokens, PPO update at lr 0 (scoring, forward, backward, step); median of {}; \
+             optimiser {:?} at {:.1} bytes per parameter (weights, gradients, accumulators, moments)",
+            repeats.max(1),
+            opt.config.state,
+            opt.bytes_per_param()
         ),
     )
 }

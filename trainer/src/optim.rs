@@ -1,10 +1,38 @@
 //! AdamW whose state can be saved and restored exactly (checkpoints must resume bit for bit), with
 //! global grad-norm clipping that skips the step when the norm is not finite (spec §5.3).
+//!
+//! For parameters stored in bf16 (CUDA), [`OptimState`] chooses what is kept per parameter:
+//! bf16 weights and gradients (2 + 2 bytes) always, an f32 gradient accumulator (4) so that a
+//! mini-batch's micro-batches are summed in f32, the moments, and how updates smaller than bf16's
+//! spacing survive:
+//!
+//! | state | master weights | moments | bytes per parameter |
+//! |---|---|---|---|
+//! | `stochastic-rounding` (default) | none: each update is rounded to bf16 stochastically, so it survives in expectation | f32 | 16 |
+//! | `f32-master` | f32 copy | f32 | 20 |
+//! | `compact` | none (stochastic rounding) | bf16 | 12 |
+//!
+//! f32 parameters (the CPU) keep f32 weights, gradients and moments: 16 bytes, or 12 with
+//! `compact`. The stochastic rounding is seeded by the step and the parameter (a hash of each
+//! element's index), not by a random generator, so a resumed run repeats it bit for bit.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use tch::{Kind, Tensor, nn};
+
+/// What AdamW keeps per parameter (the module's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimState {
+    /// bf16 weights updated with stochastic rounding, f32 moments: 16 B/param.
+    #[default]
+    StochasticRounding,
+    /// An f32 master copy of bf16 weights, f32 moments: 20 B/param.
+    F32Master,
+    /// Stochastic rounding and bf16 moments: 12 B/param.
+    Compact,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -14,12 +42,27 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
     /// Global L2 norm the gradients are clipped to; `None` disables clipping.
     pub max_grad_norm: Option<f64>,
+    pub state: OptimState,
 }
 
 impl Default for AdamWConfig {
     /// The reference: betas (0.9, 0.999), eps 1e-8, weight decay 0.01, clip 1.0.
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, max_grad_norm: Some(1.0) }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: Some(1.0),
+            state: OptimState::default(),
+        }
+    }
+}
+
+impl AdamWConfig {
+    /// The reference's settings with `state`.
+    pub fn with_state(state: OptimState) -> Self {
+        Self { state, ..Self::default() }
     }
 }
 
@@ -36,8 +79,9 @@ pub struct StepReport {
 pub struct AdamW {
     pub config: AdamWConfig,
     params: Vec<(String, Tensor)>,
-    /// f32 master copies of parameters stored in lower precision (bf16 on CUDA): updates too small
-    /// for bf16 accumulate here instead of being rounded away.
+    /// f32 master copies of parameters stored in lower precision (bf16 on CUDA), with
+    /// [`OptimState::F32Master`]: updates too small for bf16 accumulate here instead of being
+    /// rounded away.
     master: Vec<Option<Tensor>>,
     /// f32 gradient accumulators of those same parameters: [`AdamW::accumulate`] moves each
     /// micro-batch's low-precision gradient in here, so a mini-batch's sum is not rounded to
@@ -60,10 +104,19 @@ impl AdamW {
             .collect();
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let zeros = |p: &Tensor| Tensor::zeros_like(p).to_kind(Kind::Float);
-        let exp_avg = params.iter().map(|(_, p)| zeros(p)).collect();
-        let exp_avg_sq = params.iter().map(|(_, p)| zeros(p)).collect();
-        let master =
-            params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| p.detach().to_kind(Kind::Float))).collect();
+        let moment_kind = match config.state {
+            OptimState::Compact => Kind::BFloat16,
+            OptimState::StochasticRounding | OptimState::F32Master => Kind::Float,
+        };
+        let exp_avg = params.iter().map(|(_, p)| zeros(p).to_kind(moment_kind)).collect();
+        let exp_avg_sq = params.iter().map(|(_, p)| zeros(p).to_kind(moment_kind)).collect();
+        let master = params
+            .iter()
+            .map(|(_, p)| {
+                (p.kind() != Kind::Float && config.state == OptimState::F32Master)
+                    .then(|| p.detach().to_kind(Kind::Float))
+            })
+            .collect();
         let grad_acc = params.iter().map(|(_, p)| (p.kind() != Kind::Float).then(|| zeros(p))).collect();
         Self { config, params, master, grad_acc, exp_avg, exp_avg_sq, step: 0 }
     }
@@ -143,25 +196,49 @@ impl AdamW {
                 let Some(g) = self.gradient(i) else { continue };
                 let g = g * scale;
                 let p = &mut self.params[i].1;
-                let m = &mut self.exp_avg[i];
-                let v = &mut self.exp_avg_sq[i];
-                let _ = m.g_mul_scalar_(c.beta1).g_add_(&(&g * (1.0 - c.beta1)));
-                let _ = v.g_mul_scalar_(c.beta2).g_add_(&(&g * &g * (1.0 - c.beta2)));
-                let denom = (&*v / bc2).sqrt() + c.eps;
-                let update = (&*m / bc1) / denom;
+                // The moments are updated in f32 and stored in their own kind (bf16 in `compact`).
+                let m = self.exp_avg[i].to_kind(Kind::Float) * c.beta1 + &g * (1.0 - c.beta1);
+                let v = self.exp_avg_sq[i].to_kind(Kind::Float) * c.beta2 + &g * &g * (1.0 - c.beta2);
+                let denom = (&v / bc2).sqrt() + c.eps;
+                let update = (&m / bc1) / denom;
+                self.exp_avg[i].copy_(&m);
+                self.exp_avg_sq[i].copy_(&v);
                 let kind = p.kind();
                 let current = match &self.master[i] {
                     Some(m) => m.shallow_clone(),
                     None => p.to_kind(Kind::Float),
                 };
                 let new = current * (1.0 - lr * c.weight_decay) - update * lr;
-                p.copy_(&new.to_kind(kind));
-                if let Some(m) = &mut self.master[i] {
-                    m.copy_(&new);
+                match &mut self.master[i] {
+                    Some(m) => {
+                        p.copy_(&new.to_kind(kind));
+                        m.copy_(&new);
+                    }
+                    None if kind == Kind::BFloat16 => {
+                        p.copy_(&stochastic_bf16(&new, self.step, i as i64));
+                    }
+                    None => {
+                        p.copy_(&new.to_kind(kind));
+                    }
                 }
             }
         });
         StepReport { grad_norm, applied: true }
+    }
+
+    /// Bytes kept per parameter: weights, gradients, gradient accumulators, master copies and
+    /// moments, over every trainable parameter (gradients counted at the parameter's size,
+    /// allocated or not yet).
+    pub fn bytes_per_param(&self) -> f64 {
+        let size = |t: &Tensor| t.numel() as f64 * t.kind().elt_size_in_bytes() as f64;
+        let mut bytes = 0.0;
+        let mut count = 0.0;
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            count += p.numel() as f64;
+            bytes += 2.0 * size(p) + size(&self.exp_avg[i]) + size(&self.exp_avg_sq[i]);
+            bytes += self.master[i].as_ref().map_or(0.0, size) + self.grad_acc[i].as_ref().map_or(0.0, size);
+        }
+        if count == 0.0 { 0.0 } else { bytes / count }
     }
 
     /// The f32 master copy of a parameter kept in lower precision, if it has one.
@@ -197,7 +274,7 @@ impl AdamW {
                 if t.size() != p.size() {
                     return Err(OptimStateError::Shape(key));
                 }
-                *slot = t.to_device(p.device()).to_kind(Kind::Float);
+                *slot = t.to_device(p.device()).to_kind(slot.kind());
             }
         }
         for (i, (name, p)) in self.params.iter().enumerate() {
@@ -210,6 +287,29 @@ impl AdamW {
         self.step = step.int64_value(&[0]);
         Ok(())
     }
+}
+
+/// `x` (f32) rounded to bf16 stochastically: up with probability equal to the distance from the
+/// bf16 value below, so that small updates survive in expectation. The 16 bits dropped are
+/// compared with a hash of (step, parameter, element index) rather than a random draw, so the
+/// rounding repeats exactly when a run resumes.
+pub fn stochastic_bf16(x: &Tensor, step: i64, param: i64) -> Tensor {
+    let shape = x.size();
+    let flat = x.contiguous().view([-1]);
+    let n = flat.size()[0];
+    // A 32-bit integer hash (multiply, xor-shift), wrapping; only its low 16 bits are used.
+    let salt = (step.wrapping_mul(0x2545_F491) ^ param.wrapping_mul(0x9E37_79B9)) & 0x7FFF_FFFF;
+    let mut h = Tensor::arange(n, (Kind::Int, x.device()));
+    h = (h * 0x045D_9F3B_i64 + salt).bitwise_and(0x7FFF_FFFF_i64);
+    h = h.bitwise_xor_tensor(&h.bitwise_right_shift_tensor_scalar(15));
+    h = (h * 0x2C1B_3C6D_i64).bitwise_and(0x7FFF_FFFF_i64);
+    h = h.bitwise_xor_tensor(&h.bitwise_right_shift_tensor_scalar(13));
+    let noise = h.bitwise_and(0xFFFF_i64);
+    // Adding to the bit pattern moves the magnitude up by up to one bf16 step; clearing the low
+    // 16 bits then truncates it, which is an exact bf16 value.
+    let bits = flat.view_dtype(Kind::Int) + noise;
+    let rounded = bits.bitwise_and(-65_536_i64).view_dtype(Kind::Float);
+    rounded.to_kind(Kind::BFloat16).view(shape.as_slice())
 }
 
 #[derive(Debug, thiserror::Error)]

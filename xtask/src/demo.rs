@@ -510,7 +510,7 @@ pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
             s.questions, s.score, s.tool_calls_per_question
         );
     }
-    println!("plots (reward, EM, KL, entropy, tool calls): {}/rl/*.svg", out.display());
+    println!("plots (reward, EM, KL, entropy, tool calls): {}/{}/*.svg", out.display(), rl_dir(args, args.rl_seeds[0]));
     let checkpoint = run.latest_checkpoint().context("the training run wrote no checkpoint")?;
     println!("checkpoint: {}", checkpoint.display());
     println!("demo took {:.1} min", started.elapsed().as_secs_f64() / 60.0);

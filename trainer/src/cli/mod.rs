@@ -17,7 +17,7 @@ use grove_trainer::eval::{EVAL_BATCH, evaluate, format_report};
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::method::Method;
 use grove_trainer::openai::{Mode, OpenAiEvalConfig, OpenAiPolicy, evaluate_openai};
-use grove_trainer::optim::{AdamW, AdamWConfig};
+use grove_trainer::optim::{AdamW, AdamWConfig, OptimState};
 use grove_trainer::tokenizer::ChatMessage;
 use grove_trainer::train::{RunOptions, TrainConfig};
 
@@ -447,6 +447,14 @@ struct SftArgs {
     /// Skip measuring the action NLL before and after (two passes over the data without grad).
     #[arg(long)]
     no_nll: bool,
+    /// What AdamW keeps per parameter: stochastic-rounding (16 bytes), f32-master (20) or
+    /// compact (12); see `optim.rs`.
+    #[arg(long, value_enum, default_value_t = OptimState::default())]
+    optim_state: OptimState,
+    /// Write each optimiser step's loss to this file, one JSON object per line (`epoch`,
+    /// `step`, `loss`): the loss curve.
+    #[arg(long)]
+    losses: Option<PathBuf>,
 }
 
 impl SftArgs {
@@ -465,7 +473,8 @@ impl SftArgs {
             eprintln!("a random sample of {n} of {total} trajectories (seed {})", self.sample_seed);
         }
         let rows = trajectories.iter().map(|t| tokenize(&l.tok, t)).collect::<Result<Vec<_>, _>>()?;
-        let mut opt = AdamW::new(&l.vs, AdamWConfig::default());
+        let mut opt = AdamW::new(&l.vs, AdamWConfig::with_state(self.optim_state));
+        eprintln!("optimiser: {:?}, {:.1} bytes per parameter", self.optim_state, opt.bytes_per_param());
         let cfg = SftConfig { epochs: self.epochs, lr: self.lr, batch: self.batch, measure_nll: !self.no_nll };
         let bar = indicatif::ProgressBar::new((cfg.epochs * steps_per_epoch(&rows, cfg.batch)) as u64);
         bar.set_style(
@@ -473,16 +482,39 @@ impl SftArgs {
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         eprintln!("{} trajectories", rows.len());
+        let mut losses = match &self.losses {
+            Some(path) => Some(std::io::BufWriter::new(
+                std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+            )),
+            None => None,
+        };
+        let mut step = 0usize;
+        let mut write_error = None;
         let report = train(&l.lm, &mut opt, &rows, cfg, &mut |p| match p {
             SftProgress::Step { epoch, loss } => {
                 bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
                 bar.inc(1);
+                if let Some(out) = &mut losses {
+                    use std::io::Write;
+                    let line = serde_json::json!({ "epoch": epoch, "step": step, "loss": loss });
+                    if let Err(e) = writeln!(out, "{line}") {
+                        write_error.get_or_insert(e);
+                    }
+                }
+                step += 1;
             }
             SftProgress::EpochDone { epoch, mean_loss } => {
                 bar.suspend(|| eprintln!("epoch {}: mean step loss {mean_loss:.4}", epoch + 1));
             }
         });
         bar.finish_and_clear();
+        if let Some(e) = write_error {
+            return Err(e).context("write the loss curve");
+        }
+        if let Some(mut out) = losses {
+            use std::io::Write;
+            out.flush().context("write the loss curve")?;
+        }
         if let (Some(before), Some(after)) = (report.nll_before, report.nll_after) {
             eprintln!("action NLL {before:.4} before SFT, {after:.4} after");
         }

@@ -142,6 +142,9 @@ pub struct TrainConfig {
     pub device: DeviceRequest,
     /// `auto` (f32 on the CPU, bf16 on CUDA), `f32` or `bf16`.
     pub precision: crate::device::Precision,
+    /// What AdamW keeps per parameter: `stochastic-rounding` (16 bytes), `f32-master` (20) or
+    /// `compact` (12); see `optim.rs`.
+    pub optim_state: crate::optim::OptimState,
     /// A file holding the agent prompt template (`{question}` placeholder); default: the
     /// env-server's.
     pub prompt_template: Option<PathBuf>,
@@ -196,6 +199,7 @@ impl Default for TrainConfig {
             seed: 0,
             device: DeviceRequest::Auto,
             precision: crate::device::Precision::Auto,
+            optim_state: crate::optim::OptimState::default(),
             prompt_template: None,
             topk: None,
         }
@@ -370,6 +374,8 @@ mod tests {
         let e = parse("precision = \"fp16\"\n").unwrap_err();
         assert!(e.contains("`auto`, `f32`, `bf16`"), "{e}");
         assert_eq!(parse("precision = \"bf16\"\n").unwrap().precision, crate::device::Precision::Bf16);
+        assert_eq!(parse("optim_state = \"compact\"\n").unwrap().optim_state, crate::optim::OptimState::Compact);
+        assert!(parse("optim_state = \"8bit\"\n").is_err());
         let e = parse("device = \"gpu\"\n").unwrap_err();
         assert!(e.contains("expected auto, cpu, cuda or cuda:N"), "{e}");
         let chain_tree = parse("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n").unwrap();

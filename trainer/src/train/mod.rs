@@ -113,7 +113,10 @@ pub fn run(cfg: &TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
     let tasks = load_tasks(&cfg.train_data, &cfg.data_source)
         .with_context(|| format!("training data {}", cfg.train_data.display()))?;
     let (eval_tasks, selection) = held_out(cfg)?;
-    let mut opt = AdamW::new(&vs, AdamWConfig::default());
+    let mut opt = AdamW::new(&vs, AdamWConfig::with_state(cfg.optim_state));
+    if opts.progress {
+        eprintln!("optimiser: {:?}, {:.1} bytes per parameter", cfg.optim_state, opt.bytes_per_param());
+    }
     let mut start = 0;
     if opts.resume
         && let Some(ckpt) = run_dir.latest_checkpoint()
