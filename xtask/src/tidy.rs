@@ -2,10 +2,14 @@
 //! that keep the tree and its map honest, in the manner of rust-analyzer's tidy test.
 //!
 //! - Every Rust file starts with a module doc (`//!`), after at most a few inner attributes.
-//! - Every Rust file is named in ARCHITECTURE.md: by its path inside its crate's `src/` or
-//!   `tests/` (`search/dense.rs`), by its file name (`dense.rs`), or by its module name in
-//!   backticks (`` `dense` ``); a `mod.rs` by its folder (`search/`); crate roots (`lib.rs`,
-//!   `main.rs`, `build.rs`) by their crate's entry.
+//! - Every Rust file is named in ARCHITECTURE.md, in its own crate's section (`### env-server`,
+//!   `### env-server/dense (grove-dense)`: the longest heading that is a folder above the file),
+//!   a test file in the part of that section from its `Tests:` paragraph on, any other file
+//!   before it: by its path inside its crate's `src/` or `tests/` (`search/dense.rs`), by its
+//!   file name (`dense.rs`), or by its module name in backticks (`` `dense` ``); a `mod.rs` by
+//!   its folder (`search/`). A file name that other files of the same part share (`http.rs` in
+//!   `net/` and in `search/`) names none of them: each is named by its path with its folder.
+//!   `lib.rs` and `main.rs` directly in `src/` are their crate's entry and need no mention.
 //! - Every subcommand of `trainer`, `env-server` and `cargo xtask` is named there in backticks
 //!   with its program (`` `trainer train` ``, `` `env-server cache export` ``).
 //! - No test is switched off or passes by panicking: the attributes `ignore` and
@@ -26,7 +30,7 @@ const PROGRAMS: [(&str, &str); 3] = [
 ];
 
 /// Crate roots, named by their crate's entry rather than by file.
-const ROOTS: [&str; 3] = ["lib.rs", "main.rs", "build.rs"];
+const ROOTS: [&str; 2] = ["lib.rs", "main.rs"];
 
 pub fn run(root: &Path) -> Result<()> {
     let findings = check(root)?;
@@ -47,6 +51,14 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
     let mut files = Vec::new();
     rust_files(root, root, &mut files)?;
     files.sort();
+    let sections = sections(&map);
+    // How many files share each (section, side, file name).
+    let mut names: std::collections::HashMap<(String, bool, String), usize> = std::collections::HashMap::new();
+    for rel in &files {
+        if let Some(key) = scope_key(rel, &sections) {
+            *names.entry(key).or_default() += 1;
+        }
+    }
     for rel in &files {
         let text = std::fs::read_to_string(root.join(rel))?;
         let shown = rel.display();
@@ -56,8 +68,24 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
         for attr in forbidden_attributes(&text) {
             findings.push(format!("{shown}: `#[{attr}` switches a test off or makes panicking pass; fix the test"));
         }
-        if !named_in_map(rel, &map) {
-            findings.push(format!("{shown}: not in ARCHITECTURE.md's code map; name it where its crate is described"));
+        let key = scope_key(rel, &sections);
+        let shared = key.as_ref().is_some_and(|k| names.get(k).copied().unwrap_or(0) > 1);
+        let text_of =
+            key.as_ref().and_then(|(dir, tests, _)| sections.iter().find(|s| &s.dir == dir).map(|s| s.part(*tests)));
+        match text_of {
+            None => findings.push(format!(
+                "{shown}: no section of ARCHITECTURE.md's code map covers it; add a `### <crate folder>` section"
+            )),
+            Some(text) if !named_in_map(rel, text, shared) => findings.push(format!(
+                "{shown}: not named in its crate's section of ARCHITECTURE.md ({}){}",
+                if key.as_ref().is_some_and(|k| k.1) {
+                    "from its `Tests:` paragraph on"
+                } else {
+                    "before its `Tests:` paragraph"
+                },
+                if shared { "; other files there share its name, so name it with its folder" } else { "" }
+            )),
+            Some(_) => {}
         }
     }
     for (program, file) in PROGRAMS {
@@ -74,6 +102,62 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(findings)
+}
+
+/// One `### <folder>` section of the code map: the folder, its text before the line that starts
+/// with `Tests:`, and from there on.
+struct Section {
+    dir: String,
+    body: String,
+    tests: String,
+}
+
+impl Section {
+    /// The text a file is looked up in; a section without a `Tests:` paragraph is one part.
+    fn part(&self, tests: bool) -> &str {
+        if tests && !self.tests.is_empty() { &self.tests } else { &self.body }
+    }
+}
+
+/// The code map's crate sections (headings `### folder` or `### folder (crate name)`).
+fn sections(map: &str) -> Vec<Section> {
+    let mut out: Vec<Section> = Vec::new();
+    let mut in_tests = false;
+    for line in map.lines() {
+        if let Some(head) = line.strip_prefix("### ") {
+            let dir = head.split_whitespace().next().unwrap_or_default().to_string();
+            out.push(Section { dir, body: String::new(), tests: String::new() });
+            in_tests = false;
+            continue;
+        }
+        if line.starts_with("## ") {
+            // The end of the code map's sections.
+            if !out.is_empty() {
+                out.push(Section { dir: String::new(), body: String::new(), tests: String::new() });
+            }
+            continue;
+        }
+        let Some(section) = out.last_mut() else { continue };
+        if line.starts_with("Tests:") {
+            in_tests = true;
+        }
+        let part = if in_tests { &mut section.tests } else { &mut section.body };
+        part.push_str(line);
+        part.push('\n');
+    }
+    out.retain(|s| !s.dir.is_empty());
+    out
+}
+
+/// The section that covers `rel` (the longest folder above it), whether `rel` is a test file of
+/// it, and its file name.
+fn scope_key(rel: &Path, sections: &[Section]) -> Option<(String, bool, String)> {
+    let path = rel.to_string_lossy().replace('\\', "/");
+    let section = sections.iter().filter(|s| path.starts_with(&format!("{}/", s.dir))).max_by_key(|s| s.dir.len())?;
+    let inside = &path[section.dir.len() + 1..];
+    let tests = inside.starts_with("tests/") || (section.dir == "tests" && !inside.starts_with("src/"));
+    let name = rel.file_name()?.to_string_lossy().into_owned();
+    Some((section.dir.clone(), tests, name))
 }
 
 /// Rust files of the workspace, relative to `root`, outside build outputs and hidden folders.
@@ -109,8 +193,9 @@ fn forbidden_attributes(text: &str) -> Vec<&'static str> {
     names.into_iter().filter(|n| text.contains(&format!("#[{n}"))).collect()
 }
 
-/// Whether ARCHITECTURE.md names the file `rel` (see the module doc for the accepted forms).
-fn named_in_map(rel: &Path, map: &str) -> bool {
+/// Whether ARCHITECTURE.md names the file `rel` (see the module doc for the accepted forms);
+/// `shared`: other files of the workspace have its file name.
+fn named_in_map(rel: &Path, map: &str, shared: bool) -> bool {
     let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     let Some(file) = parts.last() else { return true };
     // The path inside the crate's `src/` or `tests/` (or the whole path when it has neither).
@@ -126,6 +211,15 @@ fn named_in_map(rel: &Path, map: &str) -> bool {
         return map.contains(folder) || map.contains(&format!("{folder}mod.rs"));
     }
     let stem = file.trim_end_matches(".rs");
+    if shared {
+        // Only a path with a folder tells it from the others, as a whole path segment.
+        let whole = parts.join("/");
+        let by_path = |needle: &str| {
+            map.match_indices(needle)
+                .any(|(i, _)| i == 0 || !map[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+        };
+        return (inner.contains('/') && by_path(&inner)) || by_path(&whole) || by_path(&format!("src/{inner}"));
+    }
     map.contains(&inner) || map.contains(file.as_str()) || map.contains(&format!("`{stem}`"))
 }
 
@@ -229,12 +323,28 @@ mod tests {
         let attr = format!("#[{}]\nfn t() {{}}", concat!("ign", "ore"));
         assert_eq!(forbidden_attributes(&attr), [concat!("ign", "ore")]);
         let map = "`search/dense.rs` and `rows`, and net/ is the folder";
-        assert!(named_in_map(Path::new("env-server/src/search/dense.rs"), map));
-        assert!(named_in_map(Path::new("trainer/src/rows.rs"), map));
-        assert!(named_in_map(Path::new("env-server/src/net/mod.rs"), map));
-        assert!(named_in_map(Path::new("trainer/src/main.rs"), map));
-        assert!(!named_in_map(Path::new("trainer/src/sft.rs"), map));
-        assert!(!named_in_map(Path::new("env-server/src/sim/mod.rs"), map));
+        assert!(named_in_map(Path::new("env-server/src/search/dense.rs"), map, false));
+        assert!(named_in_map(Path::new("trainer/src/rows.rs"), map, false));
+        assert!(named_in_map(Path::new("env-server/src/net/mod.rs"), map, false));
+        assert!(named_in_map(Path::new("trainer/src/main.rs"), map, false));
+        assert!(!named_in_map(Path::new("trainer/src/sft.rs"), map, false));
+        assert!(!named_in_map(Path::new("env-server/src/sim/mod.rs"), map, false));
+        // A shared file name names none of the files that share it; a path with a folder does.
+        let map = "- `http.rs`: one of them; `search/http.rs`: the other";
+        assert!(!named_in_map(Path::new("env-server/src/net/http.rs"), map, true));
+        assert!(named_in_map(Path::new("env-server/src/search/http.rs"), map, true));
+        assert!(!named_in_map(Path::new("env-server/src/research/http.rs"), map, true), "a whole segment");
+        // Each file is looked up in its own crate's section, tests from `Tests:` on.
+        let sections =
+            sections("## Code map\n### a\n- `x.rs`\nTests:\n- `y.rs`\n### a/b (c)\n- `z.rs`\n## Commands\n`w.rs`");
+        let key = |p: &str| scope_key(Path::new(p), &sections);
+        assert_eq!(key("a/src/x.rs"), Some(("a".into(), false, "x.rs".into())));
+        assert_eq!(key("a/tests/it/y.rs"), Some(("a".into(), true, "y.rs".into())));
+        assert_eq!(key("a/b/src/z.rs"), Some(("a/b".into(), false, "z.rs".into())));
+        assert_eq!(key("d/src/w.rs"), None);
+        let part = |dir: &str, tests: bool| sections.iter().find(|s| s.dir == dir).unwrap().part(tests).to_string();
+        assert!(part("a", false).contains("x.rs") && !part("a", false).contains("y.rs"));
+        assert!(part("a", true).contains("y.rs") && !part("a/b", false).contains("w.rs"));
         let src = "#[derive(Subcommand)]\nenum Command {\n    /// Doc.\n    Serve(ServeArgs),\n    \
                    #[command(subcommand)]\n    Cache(CacheCommand),\n    BenchDense { x: u8 },\n}\n\n\
                    #[derive(Subcommand)]\nenum CacheCommand {\n    Export {\n        a: u8,\n    },\n    Import,\n}\n";
