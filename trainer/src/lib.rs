@@ -24,6 +24,7 @@ pub mod model;
 pub mod openai;
 pub mod optim;
 pub mod parity;
+pub mod plan;
 pub mod plots;
 pub mod rollout;
 pub mod rows;

@@ -71,6 +71,9 @@ enum Command {
     /// generation with KV-prefix reuse against re-encoding; with --env and --data, also the
     /// budget rows of `trainer budget`.
     Bench(BenchArgs),
+    /// The device memory of one training step, per component, from a model's shape and the
+    /// run's shapes (the paper's by default), and whether it fits a card; nothing is allocated.
+    Plan(PlanArgs),
     /// Serve a page of a run's rollout trees, transcripts and training curves (or of an experiment
     /// folder's arms side by side), offline, on loopback, until Ctrl-C; follows a run still training.
     View(ViewArgs),
@@ -81,7 +84,9 @@ impl Cli {
         grove_trainer::device::pin_threads(self.threads);
         // Off a terminal every long command says it is alive at least every 30 s.
         let _alive = match &self.command {
-            Command::Generate(_) | Command::ImportGguf(_) | Command::World(_) | Command::View(_) => None,
+            Command::Generate(_) | Command::ImportGguf(_) | Command::World(_) | Command::View(_) | Command::Plan(_) => {
+                None
+            }
             other => Some(heartbeat::Heartbeat::start(&format!("trainer {}", command_name(other)))),
         };
         match self.command {
@@ -98,6 +103,7 @@ impl Cli {
             Command::Bench(a) => a.run(),
             Command::Parity(a) => a.run(),
             Command::View(a) => a.run(),
+            Command::Plan(a) => a.run(),
         }
     }
 }
@@ -118,6 +124,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Bench(_) => "bench",
         Command::Parity(_) => "parity",
         Command::View(_) => "view",
+        Command::Plan(_) => "plan",
     }
 }
 
@@ -949,6 +956,103 @@ struct ViewArgs {
 impl ViewArgs {
     fn run(self) -> Result<()> {
         grove_view::run(&self.run_dir, self.bind)?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// An HF folder whose `config.json` gives the shape (no weights are read).
+    #[arg(long, conflicts_with = "shape", required_unless_present = "shape")]
+    model: Option<PathBuf>,
+    /// A built-in shape instead of a folder.
+    #[arg(long, value_enum)]
+    shape: Option<grove_trainer::plan::Shape>,
+    /// Weights in bf16 (CUDA) or f32.
+    #[arg(long, value_enum, default_value = "bf16")]
+    precision: PlanPrecision,
+    /// Prompts per step and leaves per prompt (rows per step; the paper: 512 x 6).
+    #[arg(long, default_value_t = 512)]
+    prompts: usize,
+    #[arg(long, default_value_t = 6)]
+    leaves: usize,
+    /// Tokens per row (the paper's 4,096).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Rows decoded at once during rollouts.
+    #[arg(long, default_value_t = 64)]
+    gen_rows: usize,
+    /// Rows per training micro-batch.
+    #[arg(long, default_value_t = 2)]
+    micro_batch: usize,
+    /// Positions projected to the vocabulary at once in training (0: all of a micro-batch).
+    #[arg(long, default_value_t = 512)]
+    logits_chunk: usize,
+    /// Train without activation checkpointing.
+    #[arg(long)]
+    no_checkpoint: bool,
+    /// No frozen reference model (kl_coef = 0).
+    #[arg(long)]
+    no_reference: bool,
+    #[arg(long, value_enum, default_value_t = OptimState::default())]
+    optim_state: OptimState,
+    /// The card's memory, GiB (80 for an H100, 141 for an H200).
+    #[arg(long, default_value_t = 80.0)]
+    card_gib: f64,
+    /// Fraction of the card kept free for the allocator, the CUDA context and fragmentation.
+    #[arg(long, default_value_t = 0.1)]
+    headroom: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PlanPrecision {
+    Bf16,
+    F32,
+}
+
+impl PlanArgs {
+    fn run(self) -> Result<()> {
+        use grove_trainer::plan::{Shapes, plan};
+        if !(0.0..1.0).contains(&self.headroom) || !(self.card_gib > 0.0) {
+            bail!("--headroom must be in [0, 1) and --card-gib above 0");
+        }
+        if self.context == 0 || self.micro_batch == 0 || self.gen_rows == 0 {
+            bail!("--context, --micro-batch and --gen-rows must be at least 1");
+        }
+        let cfg = match (&self.model, self.shape) {
+            (Some(dir), _) => {
+                let path = dir.join("config.json");
+                let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+                grove_trainer::model::ModelConfig::from_json(&text).with_context(|| path.display().to_string())?
+            }
+            (None, Some(shape)) => shape.config(),
+            (None, None) => bail!("give --model or --shape"),
+        };
+        let shapes = Shapes {
+            weight_bytes: match self.precision {
+                PlanPrecision::Bf16 => 2.0,
+                PlanPrecision::F32 => 4.0,
+            },
+            gen_rows: self.gen_rows,
+            context: self.context,
+            micro_batch: self.micro_batch,
+            logits_chunk: self.logits_chunk,
+            checkpoint: !self.no_checkpoint,
+            reference: !self.no_reference,
+            optim_state: self.optim_state,
+        };
+        let rows = self.prompts * self.leaves;
+        println!(
+            "a step: {} prompts x {} leaves = {rows} rows of up to {} tokens, decoded {} at a time, trained {} at a time \
+             ({} micro-batches)",
+            self.prompts,
+            self.leaves,
+            self.context,
+            self.gen_rows,
+            self.micro_batch,
+            rows.div_ceil(self.micro_batch)
+        );
+        print!("{}", plan(&cfg, &shapes).render(self.card_gib, self.headroom));
         Ok(())
     }
 }

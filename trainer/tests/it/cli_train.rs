@@ -436,3 +436,35 @@ fn eval_against_an_openai_compatible_server_from_the_command_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--policy openai / direct-openai needs --model NAME"), "{stderr}");
 }
+
+/// `trainer plan` from the command line: the paper's shapes for Qwen2.5-3B fit an 80 GiB card at
+/// the default 16 bytes per parameter, 7B does not, the old 20-byte layout shows its extra master
+/// copy, a model folder is read for its shape, and bad settings are refused.
+#[test]
+fn plan_says_what_a_step_holds_and_whether_it_fits() {
+    let bin = env!("CARGO_BIN_EXE_trainer");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin).arg("plan").args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, text) = run(&["--shape", "qwen2.5-3b"]);
+    assert!(ok && text.contains("3085938688 parameters") && text.contains(": fits a 80 GiB card"), "{text}");
+    assert!(text.contains("3072 rows") && !text.contains("f32 master"), "{text}");
+    let (ok, text) = run(&["--shape", "qwen2.5-7b"]);
+    assert!(ok && text.contains("does not fit a 80 GiB card"), "{text}");
+    let (ok, text) = run(&["--shape", "qwen2.5-3b", "--optim-state", "f32-master"]);
+    assert!(ok && text.contains("f32 master weights"), "{text}");
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/qwen2-tiny");
+    let (ok, text) = run(&["--model", golden.to_str().unwrap(), "--precision", "f32"]);
+    assert!(ok && text.contains("parameters;"), "{text}");
+    for bad in [
+        vec!["--shape", "qwen2.5-3b", "--headroom", "1.5"],
+        vec!["--shape", "qwen2.5-9b"],
+        vec![],
+        vec!["--shape", "qwen2.5-3b", "--model", "x"],
+        vec!["--shape", "qwen2.5-3b", "--optim-state", "8bit"],
+    ] {
+        let (ok, text) = run(&bad);
+        assert!(!ok, "{bad:?} was accepted: {text}");
+    }
+}
