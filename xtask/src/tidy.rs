@@ -83,7 +83,11 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
                 } else {
                     "before its `Tests:` paragraph"
                 },
-                if shared { "; other files there share its name, so name it with its folder" } else { "" }
+                if shared && !rel.ends_with("mod.rs") {
+                    "; other files there share its name, so name it with its folder"
+                } else {
+                    ""
+                }
             )),
             Some(_) => {}
         }

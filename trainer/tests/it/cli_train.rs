@@ -445,7 +445,10 @@ fn plan_says_what_a_step_holds_and_whether_it_fits() {
     let bin = env!("CARGO_BIN_EXE_trainer");
     let run = |args: &[&str]| {
         let out = Command::new(bin).arg("plan").args(args).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     let (ok, text) = run(&["--shape", "qwen2.5-3b"]);
     assert!(ok && text.contains("3085938688 parameters") && text.contains(": fits a 80 GiB card"), "{text}");
