@@ -90,6 +90,20 @@ pub struct DemoArgs {
     pub reuse_warm_start: bool,
 }
 
+impl DemoArgs {
+    /// The small policy's RL at the settings the README's five seeds were run with.
+    fn is_default_small_rl(&self) -> bool {
+        self.steps == 30
+            && self.prompts == 16
+            && self.sft_epochs == 3
+            && self.warm_passes == 3
+            && self.test_questions == 50
+            && self.rl_lr == DEMO_RL.lr
+            && self.rl_kl == DEMO_RL.kl
+            && self.rl_temperature == DEMO_RL.temperature
+    }
+}
+
 /// Which questions judge the small policy's RL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EvalOn {
@@ -112,7 +126,7 @@ pub(crate) struct DemoRl {
 }
 
 /// The demo's defaults (see the README for how they were chosen).
-pub(crate) const DEMO_RL: DemoRl = DemoRl { lr: 3e-4, kl: 0.001, temperature: 1.0 };
+pub(crate) const DEMO_RL: DemoRl = DemoRl { lr: 3e-4, kl: 0.001, temperature: 0.5 };
 
 /// An env-server child process, killed on drop.
 pub(crate) struct Server {
@@ -688,6 +702,9 @@ fn print_small(args: &DemoArgs, small: &[SmallRun]) {
         let steps = run.per_step.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" ");
         println!("    training reward per step: {steps}");
     }
+    if args.rl_eval_on == EvalOn::HeldOut && small.len() == 1 && args.is_default_small_rl() {
+        print_spread(&small[0]);
+    }
     if small.len() > 1 {
         let score = |r: &grove_rundir::EvalReport| r.get("all").map_or(0.0, |s| s.score);
         let diffs: Vec<f64> = small.iter().map(|r| score(&r.after) - score(&r.before)).collect();
@@ -697,6 +714,42 @@ fn print_small(args: &DemoArgs, small: &[SmallRun]) {
             d.n, d.mean, d.lo, d.hi, d.wins, d.losses
         );
     }
+}
+
+/// The held-out greedy EM (all 100 questions) after RL of each of the seeds 0-4 at the demo's
+/// defaults, from the runs the README reports (`--rl-seeds 0,1,2,3,4`); the EM before RL is the
+/// same warm start for every seed.
+pub(crate) const DEMO_SPREAD: Option<DemoSpread> = None;
+
+/// What [`DEMO_SPREAD`] records.
+pub(crate) struct DemoSpread {
+    pub before: f64,
+    pub after: [f64; 5],
+}
+
+/// Where this run's held-out EM after RL sits among the README's five seeds.
+fn print_spread(run: &SmallRun) {
+    let score = |r: &grove_rundir::EvalReport| r.get("all").map_or(0.0, |s| s.score);
+    let (before, after) = (score(&run.before), score(&run.after));
+    let Some(spread) = &DEMO_SPREAD else { return };
+    let diffs: Vec<f64> = spread.after.iter().map(|a| a - spread.before).collect();
+    let d = grove_rundir::stats::PairedDiff::of(&diffs);
+    let (lo, hi) = spread.after.iter().fold((f64::MAX, f64::MIN), |(lo, hi), a| (lo.min(*a), hi.max(*a)));
+    let below = spread.after.iter().filter(|a| **a < after - 1e-9).count();
+    println!(
+        "  this run: {before:.3} -> {after:.3} ({:+.3}); the README's 5 seeds at these settings: {:.3} -> {lo:.3} to \
+         {hi:.3}, after − before {:+.3} [{:+.3}, {:+.3}] (95% t); this run is above {below} of them{}",
+        after - before,
+        spread.before,
+        d.mean,
+        d.lo,
+        d.hi,
+        if (before - spread.before).abs() > 1e-9 {
+            " (its warm start differs from theirs: another machine or libtorch build gives other numbers)"
+        } else {
+            ""
+        }
+    );
 }
 
 /// The `trainer train` configuration of one seed of the demo's RL run.
