@@ -1013,7 +1013,7 @@ enum PlanPrecision {
 impl PlanArgs {
     fn run(self) -> Result<()> {
         use grove_trainer::plan::{Shapes, plan};
-        if !(0.0..1.0).contains(&self.headroom) || !(self.card_gib > 0.0) {
+        if !(0.0..1.0).contains(&self.headroom) || !self.card_gib.is_finite() || self.card_gib <= 0.0 {
             bail!("--headroom must be in [0, 1) and --card-gib above 0");
         }
         if self.context == 0 || self.micro_batch == 0 || self.gen_rows == 0 {
