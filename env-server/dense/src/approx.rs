@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::exact::{Metric, Neighbour};
+use crate::exact::Neighbour;
 use crate::faiss::FlatIndex;
+use crate::faiss::Metric;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApproxError {

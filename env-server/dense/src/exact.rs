@@ -7,17 +7,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::faiss::FlatIndex;
-
-/// How a flat index compares vectors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    /// Inner product, larger is nearer (cosine for normalised vectors).
-    InnerProduct,
-    /// Squared Euclidean distance, smaller is nearer.
-    L2,
-}
+use crate::faiss::{FlatIndex, Metric};
 
 /// One result: the index row and its score (the inner product, or the squared L2 distance).
 #[derive(Debug, Clone, Copy, PartialEq)]

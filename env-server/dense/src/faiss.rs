@@ -25,7 +25,15 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use crate::exact::Metric;
+/// How a flat index compares vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Inner product, larger is nearer (cosine for normalised vectors).
+    InnerProduct,
+    /// Squared Euclidean distance, smaller is nearer.
+    L2,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FaissError {

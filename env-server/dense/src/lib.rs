@@ -19,6 +19,6 @@ pub mod fusion;
 
 pub use approx::{ApproxError, ApproxIndex, HnswParams};
 pub use encoder::{DeviceChoice, Encoder, EncoderError, EncoderOptions, Pooling, TextKind};
-pub use exact::{Metric, Neighbour, search};
-pub use faiss::{FaissError, FlatIndex, FlatWriter, Storage, encode_f16};
+pub use exact::{Neighbour, search};
+pub use faiss::{FaissError, FlatIndex, FlatWriter, Metric, Storage, encode_f16};
 pub use fusion::reciprocal_rank_fusion;

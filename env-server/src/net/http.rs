@@ -15,51 +15,18 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-use super::Ctx;
 use super::ws::{serve as serve_ws, ws_config};
+use super::{Ctx, Slot};
 use grove_protocol::ErrorCode;
 
 type Body = Full<Bytes>;
 
-/// A connection's place in the one connection budget that HTTP and WebSocket connections share.
-#[derive(Debug)]
-pub(crate) enum Slot {
-    /// A slot of `max_connections`, held until the connection closes (by the WebSocket task
-    /// after an upgrade).
-    Budget(Held),
-    /// Over the budget: every request is answered with `too_many_connections` and the
-    /// connection closed.
-    Refusing { _held: OwnedSemaphorePermit },
-}
-
 /// The slot of one TCP connection; a WebSocket upgrade takes it out.
 type SlotCell = Arc<Mutex<Option<Slot>>>;
-
-/// A slot of the budget, counted in `grove_tcp_connections` while it lives (by the WebSocket
-/// task after an upgrade).
-#[derive(Debug)]
-pub(crate) struct Held {
-    _permit: OwnedSemaphorePermit,
-    metrics: Arc<crate::metrics::Metrics>,
-}
-
-impl Held {
-    pub(crate) fn new(permit: OwnedSemaphorePermit, metrics: Arc<crate::metrics::Metrics>) -> Held {
-        metrics.tcp_connections.fetch_add(1, Ordering::Relaxed);
-        Held { _permit: permit, metrics }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.metrics.tcp_connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// Serve one TCP connection until it closes or the server shuts down (keep-alive connections
 /// are closed gracefully then, so that shutdown does not wait on idle HTTP clients).

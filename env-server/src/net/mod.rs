@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use grove_protocol::{Envelope, ErrorCode, Request, RequestId, Response, Welcome};
 use hyper::body::Bytes;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::backends::Backends;
 use crate::config::ServerConfig;
@@ -166,9 +166,9 @@ pub async fn run(
                 Ok((stream, peer)) => {
                     backoff = Duration::ZERO;
                     let slot = if let Ok(p) = ctx.connection_slots.clone().try_acquire_owned() {
-                        http::Slot::Budget(http::Held::new(p, ctx.metrics.clone()))
+                        Slot::Budget(Held::new(p, ctx.metrics.clone()))
                     } else if let Ok(p) = ctx.refusal_slots.clone().try_acquire_owned() {
-                        http::Slot::Refusing { _held: p }
+                        Slot::Refusing { _held: p }
                     } else {
                         ctx.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(%peer, "connection closed at accept: over the connection budget");
@@ -195,6 +195,38 @@ pub async fn run(
         .map_err(|_| ServerError::SimThread)?
         .map_err(|_| ServerError::SimThread)?;
     Ok(())
+}
+
+/// A connection's place in the one connection budget that HTTP and WebSocket connections share.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// A slot of `max_connections`, held until the connection closes (by the WebSocket task
+    /// after an upgrade).
+    Budget(Held),
+    /// Over the budget: every request is answered with `too_many_connections` and the
+    /// connection closed.
+    Refusing { _held: OwnedSemaphorePermit },
+}
+
+/// A slot of the budget, counted in `grove_tcp_connections` while it lives (by the WebSocket
+/// task after an upgrade).
+#[derive(Debug)]
+pub(crate) struct Held {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Held {
+    pub(crate) fn new(permit: OwnedSemaphorePermit, metrics: Arc<Metrics>) -> Held {
+        metrics.tcp_connections.fetch_add(1, Ordering::Relaxed);
+        Held { _permit: permit, metrics }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.metrics.tcp_connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The connection budget and its refusal overflow, within the process's open-file limit: each

@@ -15,9 +15,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use super::http::Slot;
 use super::session::RingCell;
-use super::{Ctx, DriverInput, Outgoing, Payload, error_reply};
+use super::{Ctx, DriverInput, Outgoing, Payload, Slot, error_reply};
 
 /// Small buffers: a connection costs a few KiB, not the 128 KiB default per buffer. Frames up to
 /// 4x the protocol limit are read (and answered with `frame_too_large`); larger ones end the
