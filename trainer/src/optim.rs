@@ -196,13 +196,20 @@ impl AdamW {
                 let Some(g) = self.gradient(i) else { continue };
                 let g = g * scale;
                 let p = &mut self.params[i].1;
-                // The moments are updated in f32 and stored in their own kind (bf16 in `compact`).
-                let m = self.exp_avg[i].to_kind(Kind::Float) * c.beta1 + &g * (1.0 - c.beta1);
-                let v = self.exp_avg_sq[i].to_kind(Kind::Float) * c.beta2 + &g * &g * (1.0 - c.beta2);
+                // f32 moments are updated in place; bf16 ones (`compact`) in f32, then stored.
+                let (m, v) = if self.exp_avg[i].kind() == Kind::Float {
+                    let _ = self.exp_avg[i].g_mul_scalar_(c.beta1).g_add_(&(&g * (1.0 - c.beta1)));
+                    let _ = self.exp_avg_sq[i].g_mul_scalar_(c.beta2).g_add_(&(&g * &g * (1.0 - c.beta2)));
+                    (self.exp_avg[i].shallow_clone(), self.exp_avg_sq[i].shallow_clone())
+                } else {
+                    let m = self.exp_avg[i].to_kind(Kind::Float) * c.beta1 + &g * (1.0 - c.beta1);
+                    let v = self.exp_avg_sq[i].to_kind(Kind::Float) * c.beta2 + &g * &g * (1.0 - c.beta2);
+                    self.exp_avg[i].copy_(&m);
+                    self.exp_avg_sq[i].copy_(&v);
+                    (m, v)
+                };
                 let denom = (&v / bc2).sqrt() + c.eps;
                 let update = (&m / bc1) / denom;
-                self.exp_avg[i].copy_(&m);
-                self.exp_avg_sq[i].copy_(&v);
                 let kind = p.kind();
                 let current = match &self.master[i] {
                     Some(m) => m.shallow_clone(),
