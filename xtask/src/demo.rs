@@ -62,6 +62,10 @@ pub struct DemoArgs {
     /// Build with `--release` (slower to build, faster to run).
     #[arg(long)]
     pub release: bool,
+    /// Use the `trainer` and `env-server` in this folder instead of building them (a copy of
+    /// `target/release/` kept with a run, so that later runs use the very binaries earlier ones did).
+    #[arg(long, conflicts_with = "release")]
+    pub bins: Option<PathBuf>,
     /// Learning rate of the small policy's RL.
     #[arg(long, default_value_t = DEMO_RL.lr)]
     pub rl_lr: f64,
@@ -218,11 +222,20 @@ impl Ctx {
     }
 
     /// Setup (libtorch, assets), build the binaries, create `out`.
-    pub(crate) fn prepare(root: &Path, out: &Path, release: bool) -> Result<Ctx> {
+    pub(crate) fn prepare(root: &Path, out: &Path, release: bool, bins: Option<&Path>) -> Result<Ctx> {
         let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
         util::banner("setup: libtorch and assets");
         crate::libtorch::ensure(root, crate::libtorch::Variant::Cpu)?;
         crate::assets::ensure_all(false)?;
+        if let Some(bins) = bins {
+            let bins = if bins.is_absolute() { bins.to_path_buf() } else { root.join(bins) };
+            let (trainer, env_server) = (bins.join("trainer"), bins.join("env-server"));
+            for bin in [&trainer, &env_server] {
+                anyhow::ensure!(bin.is_file(), "--bins: no {} (copy target/release/trainer and env-server there)", bin.display());
+            }
+            util::banner(&format!("binaries: {} (not rebuilt)", bins.display()));
+            return Ctx::new(out, trainer, env_server);
+        }
         util::banner("build: trainer and env-server");
         let mut build = vec!["build", "-p", "grove-trainer", "-p", "grove-env-server", "--bins"];
         if release {
@@ -416,7 +429,7 @@ fn validation_world_server(ctx: &Ctx, test_questions: usize) -> Result<Server> {
 
 pub fn run(root: &Path, args: &DemoArgs) -> Result<()> {
     let started = Instant::now();
-    let ctx = Ctx::prepare(root, &args.out, args.release)?;
+    let ctx = Ctx::prepare(root, &args.out, args.release, args.bins.as_deref())?;
     let out = &ctx.out;
     let server = match args.rl_eval_on {
         EvalOn::HeldOut => ctx.world_server(args.test_questions)?,

@@ -48,6 +48,10 @@ pub struct ExperimentArgs {
     pub test_questions: Option<usize>,
     #[arg(long)]
     pub release: bool,
+    /// Use the `trainer` and `env-server` in this folder instead of building them: a protocol's
+    /// later runs then use the very binaries its first runs did, whatever the tree has become.
+    #[arg(long, conflicts_with = "release")]
+    pub bins: Option<PathBuf>,
     /// Run only these regimes (repeatable; default both). A follow-up on one regime writes to
     /// its own `--out`.
     #[arg(long = "regime", value_enum)]
@@ -326,7 +330,7 @@ pub fn run(root: &Path, args: &ExperimentArgs) -> Result<()> {
         args.record = Some(r.canonicalize()?);
     }
     let args = &args;
-    let ctx = Ctx::prepare(root, &plan.out, args.release)?;
+    let ctx = Ctx::prepare(root, &plan.out, args.release, args.bins.as_deref())?;
     if let Some(record) = &args.record {
         for dir in recorded_dirs(args) {
             mirror_files(&record.join(&dir), &ctx.out.join(&dir))?;

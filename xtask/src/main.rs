@@ -117,8 +117,15 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// The checkout `cargo xtask` was run in. `cargo run` tells the binary its manifest folder at run
+/// time; the path compiled in is only a fallback (for the binary run by hand), since a binary
+/// cargo reuses may have been built from another checkout sharing the target folder, and would
+/// then build, run and write in that checkout.
 fn workspace_root() -> Result<PathBuf> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|m| m.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     Ok(manifest.parent().context("xtask has no parent directory")?.to_path_buf())
 }
 
