@@ -168,3 +168,38 @@ mod machine_tests {
         assert_eq!(back, m);
     }
 }
+
+/// Host<->device copies made through [`to_device`] and [`to_host`], counted per thread (the
+/// engine runs on one tensor thread), so that a test can assert how many a decode step makes. On
+/// the CPU they are copies within host memory and are counted the same way: the count is the one
+/// an accelerator would see.
+pub mod transfers {
+    use std::cell::Cell;
+
+    use tch::{Device, Tensor};
+
+    thread_local! {
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Transfers this thread has made so far.
+    pub fn count() -> u64 {
+        COUNT.with(Cell::get)
+    }
+
+    fn tick() {
+        COUNT.with(|c| c.set(c.get() + 1));
+    }
+
+    /// A host tensor copied to `device` (one transfer).
+    pub fn to_device(host: &Tensor, device: Device) -> Tensor {
+        tick();
+        host.to_device(device)
+    }
+
+    /// A device tensor copied to the host (one transfer; it waits for the work that makes it).
+    pub fn to_host(t: &Tensor) -> Tensor {
+        tick();
+        t.to_device(Device::Cpu)
+    }
+}

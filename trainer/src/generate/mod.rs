@@ -10,8 +10,15 @@
 //! - one `generate` call lays its rows into one preallocated, left-padded batch cache, encodes
 //!   every row's new tokens in one batched pass (the prompts, the observations), then decodes
 //!   writing each step's keys and values in place;
-//! - sampling (temperature, top-k, top-p, greedy) runs on the device for the whole batch, with
-//!   one device-to-host transfer per decode step (the tokens and their log-probabilities);
+//! - sampling (temperature, top-k, top-p, greedy) runs on the device for the whole batch, and a
+//!   decode step makes **one** host<->device transfer: the sampled tokens are fed back on the
+//!   device, positions are a device counter, a call's random uniforms are uploaded once, and the
+//!   tokens, their log-probabilities and a flag per row come back in one copy (counted by
+//!   [`crate::device::transfers`]; the only other per-step transfer is a compaction's index);
+//! - top-p draws from a candidate set (the top [`Engine::nucleus_candidates`] tokens), not a sort
+//!   of the whole vocabulary;
+//! - on an accelerator the next step is launched before the host reads this one (stop strings
+//!   are checked one step behind), so host work overlaps the device's;
 //! - stop strings are checked on the last few tokens only;
 //! - finished rows stay in the batch until half of it has finished, then the batch is compacted
 //!   once (amortised: each row is copied at most a few times, not once per finished row).
@@ -30,6 +37,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
+use crate::device::transfers;
 use crate::model::{CausalLm, KvCache, Masking};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -107,6 +115,16 @@ pub struct EngineStats {
     /// Cached positions encoded again to line a batch's rows up (the first pass of a call runs
     /// every row's last `max uncached` tokens).
     pub recomputed_tokens: u64,
+    /// Sampling steps of all calls (one token drawn per batch row each).
+    pub decode_steps: u64,
+    /// Host<->device transfers those steps made: one per step, plus one index upload per
+    /// compaction.
+    pub step_transfers: u64,
+    /// Times a batch dropped its finished rows.
+    pub compactions: u64,
+    /// Tokens drawn from the candidate set when a row's top-p nucleus reached past it (the
+    /// candidates renormalised: a truncated nucleus; see [`Engine::nucleus_candidates`]).
+    pub truncated_nuclei: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +137,8 @@ pub enum EngineError {
     BadToken(u32),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error("a decode step returned {got} values for {rows} rows")]
+    Transfer { got: usize, rows: usize },
 }
 
 /// Keys and values of consecutive positions of a sequence, one `[kv_heads, n, head_dim]` pair per
@@ -168,7 +188,19 @@ pub struct Engine<'m> {
     seqs: HashMap<SeqId, SeqState>,
     next: SeqId,
     pub stats: EngineStats,
+    /// Size of the candidate set top-p draws from (the most probable tokens of each row). When a
+    /// row's candidates hold less than `top_p` of its mass, its token is drawn from the
+    /// candidates renormalised and counted in [`EngineStats::truncated_nuclei`]; 0 sorts the
+    /// whole vocabulary (exact in every case, and slow).
+    pub nucleus_candidates: usize,
+    /// Launch each decode step before reading the previous one's tokens (default: on an
+    /// accelerator, where it overlaps host and device work; on the CPU it only adds a step per
+    /// call). Outputs are the same either way.
+    pub lookahead: bool,
 }
+
+/// The default [`Engine::nucleus_candidates`].
+pub const NUCLEUS_CANDIDATES: usize = 1024;
 
 pub(crate) fn mix(a: u64, b: u64) -> u64 {
     // splitmix64 of a combination: distinct, well-spread child seeds.
@@ -189,11 +221,20 @@ struct Row {
     generated: Vec<u32>,
     logprobs: Vec<f32>,
     finish: Option<Finish>,
+    /// Uniforms this row used (one per step it was active when sampling).
+    draws: usize,
 }
 
 impl<'m> Engine<'m> {
     pub fn new(model: &'m CausalLm) -> Self {
-        Self { model, seqs: HashMap::new(), next: 0, stats: EngineStats::default() }
+        Self {
+            model,
+            seqs: HashMap::new(),
+            next: 0,
+            stats: EngineStats::default(),
+            nucleus_candidates: NUCLEUS_CANDIDATES,
+            lookahead: !matches!(model.device(), Device::Cpu),
+        }
     }
 
     fn device(&self) -> Device {
@@ -335,37 +376,54 @@ impl<'m> Engine<'m> {
                     generated: Vec::new(),
                     logprobs: Vec::new(),
                     finish: None,
+                    draws: 0,
                 }
             })
             .collect();
-        let mut batch = Batch::build(self, &rows, params.max_new_tokens)?;
+        let max_new = params.max_new_tokens;
+        // A call's uniforms: each row's next `max_new` draws from its own stream, uploaded once.
+        // Its stream is advanced below by the draws the row used, so what a sequence samples
+        // next does not depend on when its row finished or on the other rows.
+        let uniforms = (params.temperature > 0.0).then(|| {
+            let mut u = vec![0f32; rows.len() * max_new];
+            for (r, row) in rows.iter().enumerate() {
+                let mut rng = self.seqs[&row.seq].rng.clone();
+                for x in &mut u[r * max_new..(r + 1) * max_new] {
+                    *x = rng.random::<f32>();
+                }
+            }
+            Tensor::from_slice(&u).view([rows.len() as i64, max_new as i64])
+        });
+        let mut batch = Batch::build(self, &rows, max_new, uniforms)?;
         self.stats.prefill_tokens += batch.encoded;
         self.stats.recomputed_tokens += batch.recomputed;
         let window = params.stop.iter().map(|s| s.len()).max().unwrap_or(0) + 2;
+        let k = self.nucleus_candidates;
+        let before = transfers::count();
+        let mut current = batch.sample(params, 0, k);
         let mut step = 0usize;
-        let mut logits = batch.logits.shallow_clone();
         loop {
-            // Draw each active row's uniform from its own stream (finished rows draw nothing).
-            let uniforms: Vec<f32> = batch
-                .order
-                .iter()
-                .map(|&r| {
-                    let active = rows[r].finish.is_none();
-                    let state = self.seqs.get_mut(&rows[r].seq);
-                    match (active && params.temperature > 0.0, state) {
-                        (true, Some(s)) => s.rng.random::<f32>(),
-                        _ => 0.0,
-                    }
-                })
-                .collect();
-            let drawn = sample_batch(&logits, params, &uniforms);
+            // `current` holds step `step + 1`'s draw for every batch row.
             step += 1;
+            let ahead = (self.lookahead && step < max_new).then(|| {
+                batch.decode(self.model, &current.tokens);
+                batch.sample(params, step, k)
+            });
+            let host: Vec<f64> = Vec::try_from(transfers::to_host(&current.packed).view([-1])).unwrap_or_default();
+            if host.len() != 3 * batch.order.len() {
+                return Err(EngineError::Transfer { got: host.len(), rows: batch.order.len() });
+            }
+            self.stats.decode_steps += 1;
             for (slot, &r) in batch.order.iter().enumerate() {
                 let row = &mut rows[r];
                 if row.finish.is_some() {
                     continue;
                 }
-                let (token, lp) = drawn[slot];
+                let (token, lp) = (host[3 * slot] as u32, host[3 * slot + 1] as f32);
+                if host[3 * slot + 2] > 0.5 {
+                    self.stats.truncated_nuclei += 1;
+                }
+                row.draws += 1;
                 self.stats.generated_tokens += 1;
                 row.finish = if tok.eos_ids.contains(&token) {
                     Some(Finish::Eos)
@@ -376,7 +434,7 @@ impl<'m> Engine<'m> {
                     let text = tok.decode(&row.generated[tail..], true)?;
                     if params.stop.iter().any(|s| text.contains(s.as_str())) {
                         Some(Finish::Stop)
-                    } else if step >= params.max_new_tokens {
+                    } else if step >= max_new {
                         Some(Finish::Length)
                     } else {
                         None
@@ -390,17 +448,35 @@ impl<'m> Engine<'m> {
             if active == 0 {
                 break;
             }
-            if active * 2 <= batch.order.len() && batch.order.len() > 1 {
-                batch.compact(&rows);
-            }
-            let next: Vec<i64> =
-                batch.order.iter().map(|&r| i64::from(*rows[r].generated.last().unwrap_or(&0))).collect();
-            logits = batch.decode(self.model, &next);
+            let compact = active * 2 <= batch.order.len() && batch.order.len() > 1;
+            current = match ahead {
+                Some(mut next) => {
+                    if compact {
+                        batch.compact(&rows, &mut next);
+                        self.stats.compactions += 1;
+                    }
+                    next
+                }
+                None => {
+                    if compact {
+                        batch.compact(&rows, &mut current);
+                        self.stats.compactions += 1;
+                    }
+                    batch.decode(self.model, &current.tokens);
+                    batch.sample(params, step, k)
+                }
+            };
         }
+        self.stats.step_transfers += transfers::count() - before;
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
             let text = tok.decode(&row.generated, true)?;
             let state = self.seqs.get_mut(&row.seq).ok_or(EngineError::UnknownSequence(row.seq))?;
+            if params.temperature > 0.0 {
+                for _ in 0..row.draws {
+                    let _: f32 = state.rng.random();
+                }
+            }
             state.tokens.extend_from_slice(&row.generated);
             let finish = row.finish.unwrap_or(Finish::Length);
             out.insert(
@@ -420,8 +496,10 @@ struct Batch {
     mask: Tensor,
     /// Which `rows` entry each batch row is (after compactions, a subset).
     order: Vec<usize>,
-    /// Each batch row's known length before the call (for positions).
-    lens: Vec<usize>,
+    /// `[rows, 1]` on the device: each batch row's known length before the call (positions).
+    lens: Tensor,
+    /// `[rows, max_new]` on the device: each row's uniform for each step (sampled calls).
+    uniforms: Option<Tensor>,
     end: usize,
     /// Decode steps done (tokens fed after the first pass).
     fed: usize,
@@ -435,7 +513,12 @@ struct Batch {
 impl Batch {
     /// Lay the rows out, copy their cached prefixes in, and run the first pass over every row's
     /// last `width` tokens (at least its uncached ones): its logits are the first step's.
-    fn build(engine: &Engine<'_>, rows: &[Row], max_new: usize) -> Result<Batch, EngineError> {
+    fn build(
+        engine: &Engine<'_>,
+        rows: &[Row],
+        max_new: usize,
+        uniforms: Option<Tensor>,
+    ) -> Result<Batch, EngineError> {
         let model = engine.model;
         let device = engine.device();
         let b = rows.len();
@@ -477,9 +560,12 @@ impl Batch {
             }
         }
         cache.set_len((end - width) as i64);
-        let mask = Tensor::from_slice(&mask).view([b as i64, capacity as i64]).to_device(device);
-        let ids = Tensor::from_slice(&ids).view([b as i64, width as i64]).to_device(device);
-        let pos = Tensor::from_slice(&pos).view([b as i64, width as i64]).to_device(device);
+        let mask = transfers::to_device(&Tensor::from_slice(&mask).view([b as i64, capacity as i64]), device);
+        let ids = transfers::to_device(&Tensor::from_slice(&ids).view([b as i64, width as i64]), device);
+        let pos = transfers::to_device(&Tensor::from_slice(&pos).view([b as i64, width as i64]), device);
+        let lens: Vec<i64> = rows.iter().map(|r| r.len as i64).collect();
+        let lens = transfers::to_device(&Tensor::from_slice(&lens).view([b as i64, 1]), device);
+        let uniforms = uniforms.map(|u| transfers::to_device(&u, device));
         let padded = rows.iter().any(|r| r.len != end);
         let visible = mask.narrow(1, 0, end as i64);
         let masking = if padded {
@@ -498,7 +584,8 @@ impl Batch {
             cache,
             mask,
             order: (0..b).collect(),
-            lens: rows.iter().map(|r| r.len).collect(),
+            lens,
+            uniforms,
             end,
             fed: 0,
             padded,
@@ -508,18 +595,22 @@ impl Batch {
         })
     }
 
-    /// One decode step: feed each batch row's last token.
-    fn decode(&mut self, model: &CausalLm, next: &[i64]) -> Tensor {
-        let device = model.device();
-        let b = next.len() as i64;
+    /// One decode step: feed each batch row the token it drew (`[rows]`, on the device; a
+    /// finished row's is fed too and its output ignored). Nothing crosses to or from the host.
+    fn decode(&mut self, model: &CausalLm, tokens: &Tensor) {
         let col = self.end + self.fed;
+        let ids = tokens.view([-1, 1]);
+        let pos = &self.lens + self.fed as i64;
         self.fed += 1;
-        let ids = Tensor::from_slice(next).view([b, 1]).to_device(device);
-        let pos: Vec<i64> = self.lens.iter().map(|l| (l + self.fed - 1) as i64).collect();
-        let pos = Tensor::from_slice(&pos).view([b, 1]).to_device(device);
         let mask = self.mask.narrow(1, 0, col as i64 + 1);
         let masking = if self.padded { Masking::Padding(&mask) } else { Masking::CausalAfterPast };
-        tch::no_grad(|| model.forward_last_with(&ids, &pos, masking, Some(&mut self.cache)))
+        self.logits = tch::no_grad(|| model.forward_last_with(&ids, &pos, masking, Some(&mut self.cache)));
+    }
+
+    /// Draw step `step`'s token (0-based) for every batch row from the last logits, on the device.
+    fn sample(&self, params: &SamplingParams, step: usize, candidates: usize) -> Drawn {
+        let u = self.uniforms.as_ref().map(|u| u.narrow(1, step as i64, 1));
+        sample_batch(&self.logits, params, u.as_ref(), candidates)
     }
 
     /// A finished row's new keys and values become a segment of its sequence's chain: the
@@ -540,72 +631,87 @@ impl Batch {
         Ok(())
     }
 
-    /// Drop finished rows from the batch (one copy of the cache for all of them).
-    fn compact(&mut self, rows: &[Row]) {
+    /// Drop finished rows from the batch and from `drawn` (one copy of the cache for all of
+    /// them; one upload, of the rows kept).
+    fn compact(&mut self, rows: &[Row], drawn: &mut Drawn) {
         let keep: Vec<i64> =
             (0..self.order.len()).filter(|&i| rows[self.order[i]].finish.is_none()).map(|i| i as i64).collect();
-        let idx = Tensor::from_slice(&keep).to_device(self.mask.device());
+        let idx = transfers::to_device(&Tensor::from_slice(&keep), self.mask.device());
         self.cache = self.cache.select_rows(&idx);
         self.mask = self.mask.index_select(0, &idx);
+        self.lens = self.lens.index_select(0, &idx);
+        self.uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &idx));
+        self.logits = self.logits.index_select(0, &idx);
+        drawn.tokens = drawn.tokens.index_select(0, &idx);
+        drawn.packed = drawn.packed.index_select(0, &idx);
         self.order = keep.iter().map(|&i| self.order[i as usize]).collect();
-        self.lens = keep.iter().map(|&i| self.lens[i as usize]).collect();
     }
+}
+
+/// One step's draw for every batch row, on the device.
+struct Drawn {
+    /// `[rows]` token ids (int64), fed back as the next step's input.
+    tokens: Tensor,
+    /// `[rows, 3]` (f64): token, its log-probability, 1 where the row's nucleus was truncated to
+    /// the candidate set. What the host reads: one transfer.
+    packed: Tensor,
 }
 
 /// Draw one token per batch row from `logits` (`[rows, vocab]`): greedy at temperature 0, else
-/// temperature, top-k and top-p, each row with its own uniform. All on the device; one transfer
-/// back: the tokens and their log-probabilities under logits / temperature.
-fn sample_batch(logits: &Tensor, params: &SamplingParams, uniforms: &[f32]) -> Vec<(u32, f32)> {
-    let device = logits.device();
+/// temperature, top-k and top-p, each row with its own uniform (`[rows, 1]`). All on the device.
+fn sample_batch(logits: &Tensor, params: &SamplingParams, uniforms: Option<&Tensor>, candidates: usize) -> Drawn {
     let scale = if params.temperature > 0.0 { params.temperature } else { 1.0 };
     let logp = (logits.to_kind(Kind::Float) / scale).log_softmax(-1, Kind::Float);
     let vocab = logp.size()[1];
-    let tokens = if params.temperature <= 0.0 {
-        logp.argmax(-1, false)
-    } else {
-        let probs = logp.exp();
-        let (sorted, idx) = candidates(&probs, params, vocab);
-        let mut keep = sorted.shallow_clone();
-        if params.top_p < 1.0 {
-            // The smallest prefix whose mass reaches top_p (at least one token) per row.
-            let before = sorted.cumsum(-1, Kind::Float) - &sorted;
-            keep = sorted.where_self(&before.lt(params.top_p), &sorted.zeros_like());
+    let (tokens, truncated) = match uniforms {
+        Some(u) if params.temperature > 0.0 => {
+            let probs = logp.exp();
+            let (sorted, idx, from_candidates) = candidate_set(&probs, params, vocab, candidates);
+            let mut keep = sorted.shallow_clone();
+            let mut truncated = Tensor::zeros([probs.size()[0]], (Kind::Float, probs.device()));
+            if params.top_p < 1.0 {
+                // The smallest prefix whose mass reaches top_p (at least one token) per row.
+                let before = sorted.cumsum(-1, Kind::Float) - &sorted;
+                keep = sorted.where_self(&before.lt(params.top_p), &sorted.zeros_like());
+                if from_candidates {
+                    truncated = sorted.sum_dim_intlist(-1, false, Kind::Float).lt(params.top_p).to_kind(Kind::Float);
+                }
+            }
+            let cum = keep.cumsum(-1, Kind::Float);
+            let total = cum.narrow(1, cum.size()[1] - 1, 1);
+            let target = u * &total;
+            // The first rank whose running mass exceeds the target; clamped to the kept ranks.
+            let rank = cum.le_tensor(&target).sum_dim_intlist(-1, true, Kind::Int64);
+            let kept = keep.gt(0.0).sum_dim_intlist(-1, true, Kind::Int64).clamp_min(1);
+            let rank = rank.minimum(&(kept - 1));
+            (idx.gather(-1, &rank, false).squeeze_dim(-1), truncated)
         }
-        let cum = keep.cumsum(-1, Kind::Float);
-        let total = cum.narrow(1, cum.size()[1] - 1, 1);
-        let u = Tensor::from_slice(uniforms).to_device(device).view([-1, 1]) * &total;
-        // The first rank whose running mass exceeds u; clamped to the kept ranks.
-        let rank = cum.le_tensor(&u).sum_dim_intlist(-1, true, Kind::Int64);
-        let kept = keep.gt(0.0).sum_dim_intlist(-1, true, Kind::Int64).clamp_min(1);
-        let rank = rank.minimum(&(kept - 1));
-        idx.gather(-1, &rank, false).squeeze_dim(-1)
+        _ => (logp.argmax(-1, false), Tensor::zeros([logp.size()[0]], (Kind::Float, logp.device()))),
     };
     let lp = logp.gather(-1, &tokens.unsqueeze(-1), false).squeeze_dim(-1);
-    let both = Tensor::stack(&[tokens.to_kind(Kind::Double), lp.to_kind(Kind::Double)], 1).to_device(Device::Cpu);
-    let flat: Vec<f64> = Vec::try_from(both.view([-1])).unwrap_or_default();
-    flat.chunks(2).map(|p| (p[0] as u32, p[1] as f32)).collect()
+    let packed =
+        Tensor::stack(&[tokens.to_kind(Kind::Double), lp.to_kind(Kind::Double), truncated.to_kind(Kind::Double)], 1);
+    Drawn { tokens, packed }
 }
 
-/// The candidate tokens of each row in descending probability: the top-k when set; else, on the
-/// CPU, the top 1024 when they hold the nucleus of every row (a partial sort), a full sort
-/// otherwise; on an accelerator always a full sort (it is cheap there, and needs no decision on
-/// the host).
-fn candidates(probs: &Tensor, params: &SamplingParams, vocab: i64) -> (Tensor, Tensor) {
+/// The tokens each row may draw from, in descending probability: the top-k when set; the whole
+/// vocabulary in its own order without top-p (any order samples it); else the top `candidates`
+/// (a partial selection, no sort of the vocabulary; the last value says so), or a full sort when
+/// `candidates` is 0 or covers the vocabulary.
+fn candidate_set(probs: &Tensor, params: &SamplingParams, vocab: i64, candidates: usize) -> (Tensor, Tensor, bool) {
     if params.top_k > 0 && (params.top_k as i64) < vocab {
-        return probs.topk(params.top_k as i64, -1, true, true);
+        let (v, i) = probs.topk(params.top_k as i64, -1, true, true);
+        return (v, i, false);
     }
     if params.top_p >= 1.0 {
-        // The whole distribution: any order samples it; the vocabulary's saves a sort.
         let order = Tensor::arange(vocab, (Kind::Int64, probs.device())).unsqueeze(0).expand_as(probs);
-        return (probs.shallow_clone(), order);
+        return (probs.shallow_clone(), order, false);
     }
-    const PARTIAL: i64 = 1024;
-    if probs.device() == Device::Cpu && params.top_p < 1.0 && PARTIAL < vocab {
-        let (v, i) = probs.topk(PARTIAL, -1, true, true);
-        let enough = v.sum_dim_intlist(-1, false, Kind::Float).ge(params.top_p).all().int64_value(&[]) == 1;
-        if enough {
-            return (v, i);
-        }
+    let k = candidates as i64;
+    if k > 0 && k < vocab {
+        let (v, i) = probs.topk(k, -1, true, true);
+        return (v, i, true);
     }
-    probs.sort(-1, true)
+    let (v, i) = probs.sort(-1, true);
+    (v, i, false)
 }

@@ -217,3 +217,135 @@ fn forks_share_keys_and_values() {
     }
     assert_eq!(engine.kv_bytes(), 49 * per_token);
 }
+
+/// `n` prompts of mixed lengths (left padding inside the batch) for the transfer tests.
+fn mixed_prompts(n: usize) -> Vec<Vec<u32>> {
+    (0..n).map(|i| (0..(1 + i % 7)).map(|j| ((i * 31 + j * 7) % 250) as u32 + 1).collect()).collect()
+}
+
+/// A decode step makes one host<->device transfer (the tokens, log-probs and flags of every row
+/// in one copy), at batch 1 and 64, greedy and top-p, with and without lookahead; a compaction
+/// adds its one index upload.
+#[test]
+fn a_decode_step_makes_one_transfer() {
+    use grove_trainer::device::transfers;
+    let tok = word_tokenizer(None);
+    let (_vs, lm) = model("qwen2-tiny");
+    let top_p = SamplingParams { stop: vec![], max_new_tokens: 12, ..SamplingParams::default() };
+    for batch in [1usize, 64] {
+        for params in [SamplingParams::greedy(12), top_p.clone()] {
+            for lookahead in [false, true] {
+                let mut engine = Engine::new(&lm);
+                engine.lookahead = lookahead;
+                // Fewer candidates than the vocabulary: the top-p path that skips the sort.
+                engine.nucleus_candidates = 64;
+                let seqs: Vec<_> = mixed_prompts(batch)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, p)| engine.add(p, i as u64).unwrap())
+                    .collect();
+                let before = transfers::count();
+                let out = engine.generate(&seqs, &params, &tok).unwrap();
+                let made = transfers::count() - before;
+                let s = engine.stats;
+                let what = format!("batch {batch}, T {}, lookahead {lookahead}", params.temperature);
+                assert!(out.iter().all(|g| g.tokens.len() == 12), "{what}");
+                assert_eq!(s.decode_steps, 12, "{what}");
+                assert_eq!(s.compactions, 0, "{what}");
+                assert_eq!(s.step_transfers, s.decode_steps, "{what}: one transfer per step");
+                // The call's set-up: mask, ids, positions, lengths, and the uniforms when sampling.
+                let setup = if params.temperature > 0.0 { 5 } else { 4 };
+                assert_eq!(made, s.decode_steps + setup, "{what}");
+            }
+        }
+    }
+    // Rows that stop early leave the batch: one index upload per compaction, no more.
+    let (prompt, want) = golden_prompt_and_output("qwen2-tiny");
+    let stop = SamplingParams { stop: vec![format!("t{}", want[1])], ..SamplingParams::greedy(12) };
+    let mut engine = Engine::new(&lm);
+    let mut seqs: Vec<_> = (0..48).map(|i| engine.add(prompt.clone(), i).unwrap()).collect();
+    seqs.extend(mixed_prompts(16).into_iter().map(|p| engine.add(p, 0).unwrap()));
+    engine.generate(&seqs, &stop, &tok).unwrap();
+    let s = engine.stats;
+    assert!(s.compactions >= 1, "48 of 64 rows stop after 2 tokens");
+    assert_eq!(s.step_transfers, s.decode_steps + s.compactions);
+}
+
+/// Launching the next step before reading this one changes no output: tokens, ends, log-probs
+/// (to rounding), and what each sequence samples next (its random stream is advanced by the draws it used).
+#[test]
+fn lookahead_changes_no_output() {
+    let tok = word_tokenizer(Some("t7"));
+    let (_vs, lm) = model("llama3-tiny");
+    let run = |lookahead: bool, params: &SamplingParams| {
+        let mut engine = Engine::new(&lm);
+        engine.lookahead = lookahead;
+        let seqs: Vec<_> =
+            mixed_prompts(12).into_iter().enumerate().map(|(i, p)| engine.add(p, 40 + i as u64).unwrap()).collect();
+        let first = engine.generate(&seqs, params, &tok).unwrap();
+        let second = engine.generate(&seqs, params, &tok).unwrap();
+        (first, second)
+    };
+    let stops = vec!["t3".to_string(), "t11 t".to_string()];
+    for params in [
+        SamplingParams { stop: stops.clone(), max_new_tokens: 20, ..SamplingParams::default() },
+        SamplingParams { stop: stops, ..SamplingParams::greedy(20) },
+    ] {
+        let (a, b) = (run(false, &params), run(true, &params));
+        // The same tokens and ends; log-probs equal up to rounding (the batch a step runs in
+        // differs by when finished rows leave it, which may change the last bits of a sum).
+        for (x, y) in a.0.iter().chain(&a.1).zip(b.0.iter().chain(&b.1)) {
+            assert_eq!((&x.tokens, x.finish, &x.text), (&y.tokens, y.finish, &y.text), "T {}", params.temperature);
+            for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+                assert!((p - q).abs() < 1e-4, "{p} vs {q}");
+            }
+        }
+        let ends: std::collections::HashSet<_> =
+            a.0.iter().map(|g| (format!("{:?}", g.finish), g.tokens.len())).collect();
+        assert!(ends.len() > 1, "rows end at different steps: {ends:?}");
+    }
+}
+
+/// A sequence's random stream continues across calls: 4 tokens and then 6 are the 10 one call
+/// draws (rows that finish early do not consume the uniforms drawn for them up front).
+#[test]
+fn a_call_split_in_two_samples_what_one_call_samples() {
+    let tok = word_tokenizer(None);
+    let (_vs, lm) = model("qwen2-tiny");
+    let params = |n| SamplingParams { stop: vec![], max_new_tokens: n, ..SamplingParams::default() };
+    let mut engine = Engine::new(&lm);
+    let whole = engine.add(vec![4, 5, 6], 99).unwrap();
+    let split = engine.add(vec![4, 5, 6], 99).unwrap();
+    let one = engine.generate(&[whole], &params(10), &tok).unwrap().remove(0);
+    let mut two = engine.generate(&[split], &params(4), &tok).unwrap().remove(0).tokens;
+    two.extend(engine.generate(&[split], &params(6), &tok).unwrap().remove(0).tokens);
+    assert_eq!(one.tokens, two);
+}
+
+/// Top-p draws from the top `nucleus_candidates` tokens: exactly the full sort's draw when the
+/// nucleus fits in them; drawn from them renormalised, and counted, when it does not.
+#[test]
+fn top_p_draws_from_the_candidate_set() {
+    let tok = word_tokenizer(None);
+    let (_vs, lm) = model("qwen2-tiny");
+    let draw = |candidates: usize, top_p: f64| {
+        let mut engine = Engine::new(&lm);
+        engine.nucleus_candidates = candidates;
+        let params = SamplingParams { stop: vec![], max_new_tokens: 16, top_p, ..SamplingParams::default() };
+        let seqs: Vec<_> = mixed_prompts(8).into_iter().map(|p| engine.add(p, 5).unwrap()).collect();
+        let out: Vec<Vec<u32>> = engine.generate(&seqs, &params, &tok).unwrap().into_iter().map(|g| g.tokens).collect();
+        (out, engine.stats.truncated_nuclei)
+    };
+    // The tiny model's distributions are flat: half the mass needs many of its 256 tokens.
+    let (sorted, none) = draw(0, 0.5);
+    assert_eq!(none, 0);
+    assert_eq!(draw(255, 0.5), (sorted, 0), "the nucleus fits in 255 candidates");
+    // One candidate: the nucleus is cut to the most probable token, every time.
+    let (one, cut) = draw(1, 0.95);
+    assert_eq!(cut, 8 * 16);
+    let mut engine = Engine::new(&lm);
+    let seqs: Vec<_> = mixed_prompts(8).into_iter().map(|p| engine.add(p, 5).unwrap()).collect();
+    let greedy: Vec<Vec<u32>> =
+        engine.generate(&seqs, &SamplingParams::greedy(16), &tok).unwrap().into_iter().map(|g| g.tokens).collect();
+    assert_eq!(one, greedy);
+}
