@@ -25,6 +25,7 @@ use crate::logprobs::score_sequences;
 use crate::method::Method;
 use crate::model::CausalLm;
 use crate::rollout::agent::{AgentConfig, RolloutError};
+use crate::timing::{median, seconds};
 use crate::tokenizer::Tokenizer;
 
 /// One figure: what, its value (formatted), its unit, and a baseline or note.
@@ -89,27 +90,6 @@ impl Default for BenchOptions {
             repeats: 3,
         }
     }
-}
-
-/// Wait for the device to finish what was queued (a no-op on the CPU).
-pub fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
-/// Seconds of one synchronised run of `f`.
-fn seconds(device: Device, f: &mut dyn FnMut()) -> f64 {
-    sync(device);
-    let t = Instant::now();
-    f();
-    sync(device);
-    t.elapsed().as_secs_f64()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Median seconds of `a` and of `b` over `repeats` runs each, after one untimed run of each at

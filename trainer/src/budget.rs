@@ -146,11 +146,11 @@ pub fn measure(
     let mut leaves = 0usize;
     let batch = if batch_prompts == 0 { tasks.len() } else { batch_prompts };
     for batch in tasks.chunks(batch.max(1)) {
-        crate::bench::sync(device);
+        crate::timing::sync(device);
         let t = Instant::now();
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let rollouts = r.run_many(batch, shape, &mut rng)?;
-        crate::bench::sync(device);
+        crate::timing::sync(device);
         row.rollout_seconds += t.elapsed().as_secs_f64();
         let cost = r.cost;
         row.kv_bytes_held = row.kv_bytes_held.max(engine.kv_bytes());
@@ -162,10 +162,10 @@ pub fn measure(
         let mut opened = Vec::new();
         for rollout in rollouts {
             if how.replay {
-                crate::bench::sync(device);
+                crate::timing::sync(device);
                 let t = Instant::now();
                 row.reencode_tokens += reencode(&mut replay, &rollout)?;
-                crate::bench::sync(device);
+                crate::timing::sync(device);
                 row.reencode_seconds += t.elapsed().as_secs_f64();
             }
             leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();

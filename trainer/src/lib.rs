@@ -7,7 +7,6 @@
 //! through channels.
 
 pub mod algo;
-pub mod analysis;
 pub mod bench;
 pub mod budget;
 pub mod data;
@@ -31,6 +30,7 @@ pub mod rows;
 pub mod scratch;
 pub mod scripted;
 pub mod sft;
+pub mod timing;
 pub mod tokenizer;
 pub mod train;
 pub mod warmstart;

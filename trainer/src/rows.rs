@@ -1,4 +1,5 @@
-//! The hand-off from rollouts to the update: training rows. A row is one kept leaf (spec §2.3
+//! The hand-off from rollouts to the update: training rows (the types; `rollout/leaves.rs`
+//! fills them, so the update never depends on the rollout). A row is one kept leaf (spec §2.3
 //! phase 3): the prompt tokens, then the response side (every step's generated tokens with loss
 //! mask 1, its observation tokens with mask 0), the leaf's reward, and the groups the advantage
 //! estimators normalise over.
@@ -10,11 +11,7 @@
 //! Tool errors the server turns into observations (a failed search, a timeout) are not
 //! failures: the model saw the server's error text and the episode went on.
 
-use rand::Rng;
-
 use grove_protocol::{ErrorCode, ErrorInfo};
-
-use crate::rollout::agent::{PromptRollout, RolloutError};
 
 /// Which request the env-server refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,51 +82,4 @@ impl TrainingRow {
     pub fn generated_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|m| **m == 1).count()
     }
-}
-
-/// Keep `k` leaves per tree and flatten them into training rows (spec §2.3 phase 3): prompt-major,
-/// then tree, then leaf; the response side right-truncated to `max_response_tokens`.
-pub fn training_rows(
-    rollout: &PromptRollout,
-    k: usize,
-    prompt_group: usize,
-    max_response_tokens: usize,
-    rng: &mut impl Rng,
-) -> Result<Vec<TrainingRow>, RolloutError> {
-    let trees = rollout.trees.len().max(1);
-    let mut out = Vec::new();
-    for (t, tree) in rollout.trees.iter().enumerate() {
-        for leaf in tree.keep_leaves(k, rng)? {
-            let path = tree.path(leaf);
-            let mut response = Vec::new();
-            let mut mask = Vec::new();
-            let mut logprobs = Vec::new();
-            for step in &path {
-                response.extend(&step.response);
-                mask.extend(std::iter::repeat_n(1u8, step.response.len()));
-                logprobs.extend(&step.logprobs);
-                logprobs.resize(response.len(), 0.0);
-                response.extend(&step.observation);
-                mask.extend(std::iter::repeat_n(0u8, step.observation.len()));
-                logprobs.resize(response.len(), 0.0);
-            }
-            response.truncate(max_response_tokens);
-            mask.truncate(max_response_tokens);
-            logprobs.truncate(max_response_tokens);
-            let last = path.last();
-            out.push(TrainingRow {
-                prompt: rollout.prompt_tokens.clone(),
-                response,
-                loss_mask: mask,
-                sampled_logprobs: logprobs,
-                reward: last.and_then(|s| s.reward).unwrap_or(0.0),
-                metric: last.and_then(|s| s.metric).unwrap_or(0.0),
-                prompt_group,
-                tree_group: prompt_group * trees + t,
-                leaf,
-                failure: last.and_then(|s| s.failure.clone()),
-            });
-        }
-    }
-    Ok(out)
 }

@@ -89,10 +89,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     util::banner(&format!("cargo {}", build.join(" ")));
     util::run(root, "cargo", &build)?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| root.join(d))
-        .unwrap_or_else(|| root.join("target"));
+    let target = util::target_dir(root)?;
     let bin = |name: &str| target.join("release").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     let (env_server, trainer) = (bin("env-server"), bin("trainer"));
 

@@ -191,16 +191,6 @@ pub(crate) fn smollm2_hf(trainer: &Path) -> Result<PathBuf> {
     Ok(hf)
 }
 
-pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
-    let out = Command::new("cargo")
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root)
-        .output()
-        .context("cargo metadata")?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("cargo metadata output")?;
-    Ok(PathBuf::from(v["target_directory"].as_str().context("no target_directory")?))
-}
-
 /// The report `trainer eval --json` wrote.
 fn read_eval_json(path: &Path) -> Result<grove_rundir::EvalReport> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
@@ -231,7 +221,11 @@ impl Ctx {
             let bins = if bins.is_absolute() { bins.to_path_buf() } else { root.join(bins) };
             let (trainer, env_server) = (bins.join("trainer"), bins.join("env-server"));
             for bin in [&trainer, &env_server] {
-                anyhow::ensure!(bin.is_file(), "--bins: no {} (copy target/release/trainer and env-server there)", bin.display());
+                anyhow::ensure!(
+                    bin.is_file(),
+                    "--bins: no {} (copy target/release/trainer and env-server there)",
+                    bin.display()
+                );
             }
             util::banner(&format!("binaries: {} (not rebuilt)", bins.display()));
             return Ctx::new(out, trainer, env_server);
@@ -242,7 +236,7 @@ impl Ctx {
             build.push("--release");
         }
         util::run(root, "cargo", &build)?;
-        let bins = target_dir(root)?.join(if release { "release" } else { "debug" });
+        let bins = util::target_dir(root)?.join(if release { "release" } else { "debug" });
         Ctx::new(out, bins.join("trainer"), bins.join("env-server"))
     }
 

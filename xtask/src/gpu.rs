@@ -110,7 +110,7 @@ pub fn run(root: &Path, args: &GpuArgs) -> Result<()> {
         build.push("--release");
     }
     util::run(root, "cargo", &build)?;
-    let bins = crate::demo::target_dir(root)?.join(if args.debug { "debug" } else { "release" });
+    let bins = util::target_dir(root)?.join(if args.debug { "debug" } else { "release" });
     if out.exists() {
         std::fs::remove_dir_all(&out).with_context(|| format!("remove {}", out.display()))?;
     }

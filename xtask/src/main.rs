@@ -10,6 +10,7 @@ mod demo;
 mod experiment;
 mod fuzz;
 mod gpu;
+mod layers;
 mod libtorch;
 mod python;
 mod soak;
@@ -190,7 +191,7 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         // The Python client's tests start a real env-server. `cargo test --workspace` built it
         // (for env-server's own integration tests); build it only when a filtered run did not, as
         // a plain `cargo build -p` unifies features differently and would rebuild half the tree.
-        let env_server = python::env_server_binary(root);
+        let env_server = python::env_server_binary(root)?;
         if !env_server.exists() {
             util::run(root, "cargo", &["build", "-p", "grove-env-server", "--bin", "env-server"])?;
         }
@@ -206,7 +207,7 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     phase("verl tests", &mut || {
         // verl's real agent-loop and estimator code against a real env-server, with SmolLM2
         // generating on the CPU (clients/verl/tests).
-        let env_server = python::env_server_binary(root);
+        let env_server = python::env_server_binary(root)?;
         let gguf = grove_datasets::assets::smollm2_gguf();
         python::pytest(
             &verl_venv,

@@ -77,12 +77,7 @@ pub fn pytest(venv: &Path, root: &Path, paths: &[&str], envs: &[(&str, &Path)]) 
     util::run_cmd(&mut cmd)
 }
 
-/// The env-server binary `cargo build` writes, honouring `CARGO_TARGET_DIR` as cargo does (a
-/// relative value is taken from the workspace root).
-pub fn env_server_binary(root: &Path) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| root.join(d))
-        .unwrap_or_else(|| root.join("target"));
-    target.join("debug").join(format!("env-server{}", std::env::consts::EXE_SUFFIX))
+/// The env-server binary `cargo build` writes (debug profile).
+pub fn env_server_binary(root: &Path) -> Result<PathBuf> {
+    Ok(util::target_dir(root)?.join("debug").join(format!("env-server{}", std::env::consts::EXE_SUFFIX)))
 }

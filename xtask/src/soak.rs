@@ -37,11 +37,7 @@ pub fn run(root: &Path, args: &SoakArgs) -> Result<()> {
     ];
     util::banner(&format!("cargo {}", build.join(" ")));
     util::run(root, "cargo", &build)?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| root.join(d))
-        .unwrap_or_else(|| root.join("target"));
-    let release = target.join("release");
+    let release = util::target_dir(root)?.join("release");
     let binary = |name: &str| release.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     util::banner(&format!("env-server-soak --minutes {}", args.minutes));
     util::run_cmd(

@@ -12,6 +12,8 @@
 //!   `lib.rs` and `main.rs` directly in `src/` are their crate's entry and need no mention.
 //! - Every subcommand of `trainer`, `env-server` and `cargo xtask` is named there in backticks
 //!   with its program (`` `trainer train` ``, `` `env-server cache export` ``).
+//! - Each crate's imports keep to the layers ARCHITECTURE.md draws for it, with no cycle between
+//!   modules or files (`layers.rs`).
 //! - No test is switched off or passes by panicking: the attributes `ignore` and
 //!   `should_panic` appear nowhere.
 //!
@@ -91,6 +93,9 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
             )),
             Some(_) => {}
         }
+    }
+    for (src, layers) in crate::layers::blocks(&map) {
+        findings.extend(crate::layers::check_crate(root, &src, &layers)?);
     }
     for (program, file) in PROGRAMS {
         let text = std::fs::read_to_string(root.join(file))?;

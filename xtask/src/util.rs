@@ -118,3 +118,15 @@ pub fn zip_member(archive: &Path, member: &str) -> Result<Vec<u8>> {
     entry.read_to_end(&mut out)?;
     Ok(out)
 }
+
+/// The target folder cargo builds into for this checkout (as `cargo metadata` says: it honours
+/// `CARGO_TARGET_DIR` and cargo's configuration), the one place xtask looks it up.
+pub fn target_dir(root: &Path) -> Result<PathBuf> {
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .output()
+        .context("cargo metadata")?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("cargo metadata output")?;
+    Ok(PathBuf::from(v["target_directory"].as_str().context("no target_directory")?))
+}

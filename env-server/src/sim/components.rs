@@ -261,3 +261,6 @@ pub struct SimSettings {
 /// The time of the current tick.
 #[derive(Resource, Debug, Clone, Copy)]
 pub struct Now(pub Instant);
+
+/// Owners at or above this are forests, not sessions.
+pub const FOREST_OWNER_FLOOR: ConnId = u64::MAX - (1 << 32);

@@ -16,10 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::components::*;
-use super::systems::{create, fork_one, remove};
-
-/// Owners at or above this are forests, not sessions.
-pub const FOREST_OWNER_FLOOR: ConnId = u64::MAX - (1 << 32);
+use super::episodes::{create, fork_one, remove};
 
 /// Grants the session `holder` the right to step and read a forest episode.
 #[derive(Component, Debug, Clone, Copy)]

@@ -4,6 +4,7 @@
 //! the search batches for the caller to deliver.
 
 mod components;
+mod episodes;
 mod forest;
 mod systems;
 mod transcript;

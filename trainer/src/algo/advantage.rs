@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use crate::rows::TrainingRow;
+
 /// Which groups are normalised and summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -104,6 +106,41 @@ where
             let inter = normalise(rewards, prompt);
             let intra = normalise(rewards, tree);
             inter.iter().zip(&intra).map(|(a, b)| a + b).collect()
+        }
+    }
+}
+
+/// One advantage per row: the estimator over the rows that train (a refused row joins no group
+/// and gets 0, and is masked out of the loss anyway).
+pub fn row_advantages(rows: &[TrainingRow], estimator: Estimator) -> Vec<f64> {
+    let g = TrainedGroups::of(rows);
+    let adv = advantages(&g.rewards, &g.prompt, &g.tree, estimator);
+    let mut out = vec![0.0; rows.len()];
+    for (&i, a) in g.rows.iter().zip(adv) {
+        out[i] = a;
+    }
+    out
+}
+
+/// The rows that train (a refused row joins no group), with their rewards and group ids in that
+/// order: what the advantage estimators read.
+#[derive(Debug)]
+pub struct TrainedGroups {
+    /// Indices into the step's rows.
+    pub rows: Vec<usize>,
+    pub rewards: Vec<f64>,
+    pub prompt: Vec<usize>,
+    pub tree: Vec<usize>,
+}
+
+impl TrainedGroups {
+    pub fn of(rows: &[TrainingRow]) -> Self {
+        let trained: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].trains()).collect();
+        TrainedGroups {
+            rewards: trained.iter().map(|&i| rows[i].reward).collect(),
+            prompt: trained.iter().map(|&i| rows[i].prompt_group).collect(),
+            tree: trained.iter().map(|&i| rows[i].tree_group).collect(),
+            rows: trained,
         }
     }
 }

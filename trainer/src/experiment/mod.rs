@@ -135,7 +135,7 @@ pub struct ExperimentConfig {
     pub record: Option<PathBuf>,
     /// The pre-registered analysis (`[analysis]`), written into `table.md` per regime.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub analysis: Option<crate::analysis::Analysis>,
+    pub analysis: Option<analysis::Analysis>,
     /// Train nothing: report the finished runs in the output folder (or the record) only, so an
     /// experiment stopped by its protocol's wall-time rule is analysed once on its complete pairs.
     #[serde(skip)]
@@ -396,8 +396,7 @@ fn run_sweep(
     Ok(SweepResult { reward, chosen, judged_steps: judged, runs })
 }
 
-/// The settings that decide what a run computes (not where it writes or which port the
-/// env-server listens on), for comparing a run folder with the run asked for.
+pub mod analysis;
 mod report;
 mod runs;
 

@@ -295,7 +295,7 @@ pub fn format_table(results: &ExperimentResults) -> String {
         format_by_step(&mut s, cfg, r, &srcs);
         if let Some(a) = &cfg.analysis {
             let floor = world_floor(&cfg.train.train_data);
-            s.push_str(&crate::analysis::format(cfg, r, a, floor.as_ref()));
+            s.push_str(&analysis::format(cfg, r, a, floor.as_ref()));
         }
     }
     s

@@ -1,4 +1,5 @@
 //! Rollout structures (spec §2): the tree of agent steps a Tree-GRPO rollout grows.
 
 pub mod agent;
+pub mod leaves;
 pub mod tree;

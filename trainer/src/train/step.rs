@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::algo::advantage::{Estimator, advantages};
+use crate::algo::advantage::{Estimator, row_advantages};
 use crate::algo::schedule::WarmupConstant;
 use crate::algo::update::{UpdateConfig, UpdateStats, ppo_update};
 use crate::env::EnvClient;
@@ -20,7 +20,8 @@ use crate::method::Method;
 use crate::model::CausalLm;
 use crate::optim::AdamW;
 use crate::rollout::agent::{AgentConfig, PromptRollout, Rollout, RolloutCost, RolloutError};
-use crate::rows::{TrainingRow, training_rows};
+use crate::rollout::leaves::training_rows;
+use crate::rows::TrainingRow;
 use crate::tokenizer::Tokenizer;
 use crate::train::trees::{TreeRecording, capture, fill_advantages};
 
@@ -228,40 +229,6 @@ pub fn train_step(
         update_seconds: t.elapsed().as_secs_f64(),
     };
     Ok(StepResult { metrics, rows, advantages: adv, trees })
-}
-
-/// One advantage per row: the estimator over the rows that train (a refused row joins no group
-/// and gets 0, and is masked out of the loss anyway).
-pub fn row_advantages(rows: &[TrainingRow], estimator: Estimator) -> Vec<f64> {
-    let g = TrainedGroups::of(rows);
-    let adv = advantages(&g.rewards, &g.prompt, &g.tree, estimator);
-    let mut out = vec![0.0; rows.len()];
-    for (&i, a) in g.rows.iter().zip(adv) {
-        out[i] = a;
-    }
-    out
-}
-
-/// The rows that train (a refused row joins no group), with their rewards and group ids in that
-/// order: what the advantage estimators read.
-pub(crate) struct TrainedGroups {
-    /// Indices into the step's rows.
-    pub rows: Vec<usize>,
-    pub rewards: Vec<f64>,
-    pub prompt: Vec<usize>,
-    pub tree: Vec<usize>,
-}
-
-impl TrainedGroups {
-    pub fn of(rows: &[TrainingRow]) -> Self {
-        let trained: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].trains()).collect();
-        TrainedGroups {
-            rewards: trained.iter().map(|&i| rows[i].reward).collect(),
-            prompt: trained.iter().map(|&i| rows[i].prompt_group).collect(),
-            tree: trained.iter().map(|&i| rows[i].tree_group).collect(),
-            rows: trained,
-        }
-    }
 }
 
 /// Fraction of prompt groups whose rows all carry the same reward (their advantages are 0).

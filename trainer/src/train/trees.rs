@@ -125,7 +125,7 @@ fn nodes(
 /// Give each recorded kept leaf its advantage (`advantages`, one per row, as the update used
 /// them) and the inter- and intra-tree parts of it, normalised over the rows that train.
 pub fn fill_advantages(trees: &mut [PromptTrees], rows: &[TrainingRow], advantages: &[f64], estimator: Estimator) {
-    let g = crate::train::step::TrainedGroups::of(rows);
+    let g = crate::algo::advantage::TrainedGroups::of(rows);
     let (inter, intra) = (normalise(&g.rewards, &g.prompt), normalise(&g.rewards, &g.tree));
     let (uses_inter, uses_intra) = estimator.parts();
     let mut by_leaf: HashMap<(usize, usize), (f64, f64, f64)> = HashMap::new();
