@@ -19,6 +19,7 @@ use std::ops::Range;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::device::transfers;
 use crate::model::{CausalLm, token_logprobs_and_entropy};
 
 /// A sequence to score: a prompt (context only) and a response whose tokens are scored where
@@ -102,7 +103,9 @@ struct Layout {
     mask: Tensor,
     pos: Tensor,
     at: Vec<i64>,
-    targets: Vec<i64>,
+    /// `at` and the targets on the device, uploaded once (chunks are views of them).
+    at_device: Tensor,
+    targets: Tensor,
     slots: Vec<i64>,
     /// Response tokens in all (the length of the concatenation).
     total: i64,
@@ -132,26 +135,27 @@ impl Layout {
         }
         let (l, b) = (longest as i64, b as i64);
         Layout {
-            ids: Tensor::from_slice(&ids).view([b, l]).to_device(device),
-            mask: Tensor::from_slice(&mask).view([b, l]).to_device(device),
+            ids: transfers::to_device(&Tensor::from_slice(&ids).view([b, l]), device),
+            mask: transfers::to_device(&Tensor::from_slice(&mask).view([b, l]), device),
             pos: Tensor::arange(l, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]),
+            at_device: transfers::to_device(&Tensor::from_slice(&at), device),
+            targets: transfers::to_device(&Tensor::from_slice(&targets), device),
             at,
-            targets,
             slots,
             total: offset,
         }
     }
 
-    fn index(&self, range: Range<usize>, device: Device) -> (Tensor, Tensor) {
-        (
-            Tensor::from_slice(&self.at[range.clone()]).to_device(device),
-            Tensor::from_slice(&self.targets[range]).to_device(device),
-        )
+    /// Where the scored positions `range` are in the `[b * l]` flattening, and their targets:
+    /// views of the tensors uploaded once.
+    fn index(&self, range: Range<usize>) -> (Tensor, Tensor) {
+        let (start, n) = (range.start as i64, range.len() as i64);
+        (self.at_device.narrow(0, start, n), self.targets.narrow(0, start, n))
     }
 
     /// Per-span views of values given in flat scored order (0 where not scored).
     fn split(&self, chunk: &[Span<'_>], flat: &Tensor, device: Device) -> Vec<Tensor> {
-        let slots = Tensor::from_slice(&self.slots).to_device(device);
+        let slots = transfers::to_device(&Tensor::from_slice(&self.slots), device);
         let all = Tensor::zeros([self.total], (Kind::Float, device)).index_copy(0, &slots, flat);
         let mut out = Vec::with_capacity(chunk.len());
         let mut start = 0i64;
@@ -180,7 +184,7 @@ fn score_batch(model: &CausalLm, chunk: &[Span<'_>], temperature: f64, with_grad
         let step = if with_grad { n } else { (CHUNK_LOGITS / model.config.vocab_size.max(1)).max(1) as usize };
         let (mut lps, mut ents) = (Vec::new(), Vec::new());
         for start in (0..n).step_by(step) {
-            let (idx, tgt) = layout.index(start..(start + step).min(n), device);
+            let (idx, tgt) = layout.index(start..(start + step).min(n));
             let logits = model.logits(&hidden.index_select(0, &idx)) / scale(temperature);
             let (lp, ent) = token_logprobs_and_entropy(&logits, &tgt);
             lps.push(lp);
@@ -251,18 +255,34 @@ pub fn backward_spans(
     };
     let hidden = model.final_norm(&last);
     let hidden = hidden.view([-1, hidden.size()[2]]);
-    let (all_idx, _) = layout.index(0..n, device);
+    let (all_idx, _) = layout.index(0..n);
     let selected = hidden.index_select(0, &all_idx);
     let detached = selected.detach().set_requires_grad(true);
+    // Below f32, the head's gradient is summed over the chunks in f32: each chunk projects
+    // through a cast of an f32 copy of the weight, whose gradient accumulates in f32 and reaches
+    // the parameter once, instead of being rounded to the parameter's dtype once per chunk.
+    let head = model.head_weight();
+    let head32 = (head.kind() != Kind::Float).then(|| head.detach().to_kind(Kind::Float).set_requires_grad(true));
     let step = pass.chunk.max(1);
     for start in (0..n).step_by(step) {
         let end = (start + step).min(n);
-        let (_, tgt) = layout.index(start..end, device);
-        let logits = model.logits(&detached.narrow(0, start as i64, (end - start) as i64)) / scale(pass.temperature);
+        let (_, tgt) = layout.index(start..end);
+        let h = detached.narrow(0, start as i64, (end - start) as i64);
+        let logits = match &head32 {
+            Some(w) => h.matmul(&w.to_kind(head.kind()).tr()).to_kind(Kind::Float),
+            None => model.logits(&h),
+        } / scale(pass.temperature);
         let (lp, ent) = token_logprobs_and_entropy(&logits, &tgt);
         let part = loss(&lp, &ent, start..end);
         if part.requires_grad() {
             part.backward();
+        }
+    }
+    if let Some(w) = &head32 {
+        let g = w.grad();
+        if g.defined() {
+            // The parameter's gradient (the tied embedding's too) gets the f32 sum, rounded once.
+            (head * g.to_kind(head.kind())).sum(Kind::Float).backward();
         }
     }
     let grad = detached.grad();

@@ -125,8 +125,10 @@ pub fn run(root: &Path, args: &GpuArgs) -> Result<()> {
         }
     }
     std::fs::write(out.join("check.sh"), include_str!("../gpu/check.sh"))?;
+    // Grove's own HF side (its training step includes an AdamW step, as Grove's does).
+    std::fs::write(out.join("hf_bench.py"), include_str!("../gpu/hf_bench.py"))?;
     let shared = root.join("..").join("shared");
-    for script in ["make_model.py", "hf_bench.py"] {
+    for script in ["make_model.py"] {
         let from = shared.join("gpu").join(script);
         if from.exists() {
             copy(&from, &out.join(script))?;

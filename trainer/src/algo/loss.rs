@@ -82,11 +82,37 @@ impl Default for LossConfig {
 #[derive(Debug)]
 pub struct LossParts {
     pub loss: Tensor,
+    /// `[4]` f64 on the loss's device, no graph: the policy term, the KL, the entropy, and the
+    /// tokens where the clipped term was the active one. Left on the device so that a caller
+    /// sums many chunks' parts and reads them once ([`LossParts::read`] reads one).
+    pub parts: Tensor,
+}
+
+/// The parts of a loss, on the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PartValues {
     pub policy: f64,
     pub kl: f64,
     pub entropy: f64,
     /// Tokens where the clipped term was the active one.
     pub clipped_tokens: f64,
+}
+
+impl PartValues {
+    /// Values of a `[4]` parts tensor (one transfer).
+    pub fn of(parts: &Tensor) -> Self {
+        let v: Vec<f64> = Vec::try_from(crate::device::transfers::to_host(&parts.to_kind(Kind::Double)))
+            .unwrap_or_default();
+        let get = |i: usize| v.get(i).copied().unwrap_or(f64::NAN);
+        PartValues { policy: get(0), kl: get(1), entropy: get(2), clipped_tokens: get(3) }
+    }
+}
+
+impl LossParts {
+    /// This loss's parts on the host (one transfer).
+    pub fn read(&self) -> PartValues {
+        PartValues::of(&self.parts)
+    }
 }
 
 /// Per-token tensors, all `[n]`: `logp` and `entropy` carry the graph; `old_logp`, `ref_logp`,
@@ -114,14 +140,13 @@ pub fn policy_loss(
     let sum = |x: &Tensor| (x * &w).sum(Kind::Float);
     let (pg_agg, kl_agg, ent_agg) = (sum(&pg), sum(&kl), sum(entropy));
     let loss = &pg_agg - &ent_agg * cfg.entropy_coef + &kl_agg * cfg.kl_coef;
-    // One transfer for the four numbers the metrics need.
+    // The four numbers the metrics need, left on the device (no transfer per chunk).
     let parts = Tensor::stack(
         &[pg_agg.detach(), kl_agg.detach(), ent_agg.detach(), l2.gt_tensor(&l1).to_kind(Kind::Float).sum(Kind::Float)],
         0,
-    );
-    let parts: Vec<f64> = Vec::try_from(parts.to_kind(Kind::Double).to_device(tch::Device::Cpu)).unwrap_or_default();
-    let get = |i: usize| parts.get(i).copied().unwrap_or(f64::NAN);
-    LossParts { loss, policy: get(0), kl: get(1), entropy: get(2), clipped_tokens: get(3) }
+    )
+    .to_kind(Kind::Double);
+    LossParts { loss, parts }
 }
 
 #[cfg(test)]
@@ -143,14 +168,14 @@ mod tests {
         // term when r > 1.2: tokens: -2, -2.4 (clipped), -0.7358 (r < 0.8: l1 = -0.7358, l2 = -1.6, max = l1).
         let p = policy_loss(&logp, &old, &logp, &ent, &t(&[2.0; 3]), &w, &LossConfig::default());
         let want = (-2.0 - 2.4 - 2.0 * (-1.0f64).exp()) / 3.0;
-        assert!((p.policy - want).abs() < 1e-6, "{} vs {want}", p.policy);
+        assert!((p.read().policy - want).abs() < 1e-6, "{} vs {want}", p.read().policy);
         // Only the r > 1.2 token is clipped (for r < 0.8 with A > 0 the unclipped term is larger).
-        assert_eq!(p.clipped_tokens, 1.0);
-        assert!(p.kl.abs() < 1e-9, "same policy as the reference: KL 0");
+        assert_eq!(p.read().clipped_tokens, 1.0);
+        assert!(p.read().kl.abs() < 1e-9, "same policy as the reference: KL 0");
         // Negative advantage -1 with a huge ratio: dual clip caps the loss at -A * 3 = 3.
         let big = t(&[2.0]);
         let p = policy_loss(&big, &t(&[-1.0]), &big, &t(&[0.0]), &t(&[-1.0]), &t(&[1.0]), &LossConfig::default());
-        assert!((p.policy - 3.0).abs() < 1e-6, "{}", p.policy);
+        assert!((p.read().policy - 3.0).abs() < 1e-6, "{}", p.read().policy);
     }
 
     #[test]
@@ -162,10 +187,10 @@ mod tests {
         let ent = t(&[0.5, 1.5]);
         let cfg = LossConfig { kl_coef: 0.1, entropy_coef: 0.01, ..Default::default() };
         let p = policy_loss(&logp, &logp, &reference, &ent, &t(&[0.0, 0.0]), &t(&[0.5, 0.5]), &cfg);
-        assert!((p.kl - (k3[0] + k3[1]) / 2.0).abs() < 1e-6);
-        assert!((p.entropy - 1.0).abs() < 1e-6);
+        assert!((p.read().kl - (k3[0] + k3[1]) / 2.0).abs() < 1e-6);
+        assert!((p.read().entropy - 1.0).abs() < 1e-6);
         let total = p.loss.double_value(&[]);
-        assert!((total - (0.0 - 0.01 * 1.0 + 0.1 * p.kl)).abs() < 1e-6);
+        assert!((total - (0.0 - 0.01 * 1.0 + 0.1 * p.read().kl)).abs() < 1e-6);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::loss::{LossConfig, policy_loss, token_weights};
+use super::loss::{LossConfig, PartValues, policy_loss, token_weights};
+use crate::device::transfers;
 use crate::logprobs::{ScoreOptions, Span, TrainPass, backward_spans, score_spans, score_spans_full};
 use crate::model::CausalLm;
 use crate::optim::AdamW;
@@ -78,31 +79,42 @@ fn spans<'a>(rows: &[&'a TrainingRow]) -> Vec<Span<'a>> {
     rows.iter().map(|r| Span::masked(&r.prompt, &r.response, &r.loss_mask)).collect()
 }
 
-fn bool_mask(row: &TrainingRow, device: Device) -> Tensor {
-    Tensor::from_slice(&row.loss_mask.iter().map(|m| *m == 1).collect::<Vec<_>>()).to_device(device)
-}
-
-/// The generated-token values of `rows` from per-row `[response_len]` tensors, in flat order.
+/// The generated-token values of `rows` from per-row `[response_len]` tensors, in flat order:
+/// the rows concatenated on the device, then their loss-masked positions picked with one index
+/// upload (no mask per row, no data-dependent `masked_select`).
 fn flat(rows: &[&TrainingRow], per_row: &[Tensor], device: Device) -> Tensor {
-    let parts: Vec<Tensor> = rows.iter().zip(per_row).map(|(r, t)| t.masked_select(&bool_mask(r, device))).collect();
-    Tensor::cat(&parts, 0)
+    let mut picked = Vec::new();
+    let mut offset = 0i64;
+    for (r, t) in rows.iter().zip(per_row) {
+        picked.extend(r.loss_mask.iter().enumerate().filter(|(_, m)| **m == 1).map(|(i, _)| offset + i as i64));
+        offset += t.size()[0];
+    }
+    let idx = transfers::to_device(&Tensor::from_slice(&picked), device);
+    Tensor::cat(per_row, 0).index_select(0, &idx)
 }
 
-/// Per-token constants of a row, tiled over its generated tokens, in flat order.
+/// Per-token constants of a row, tiled over its generated tokens, in flat order (one upload).
 fn tiled(rows: &[&TrainingRow], value: &dyn Fn(usize) -> f64, device: Device) -> Tensor {
     let v: Vec<f32> =
         rows.iter().enumerate().flat_map(|(i, r)| std::iter::repeat_n(value(i) as f32, r.generated_tokens())).collect();
-    Tensor::from_slice(&v).to_device(device)
+    transfers::to_device(&Tensor::from_slice(&v), device)
 }
 
-/// `max |exp(old - sampled) - 1|` over the generated tokens that carry a sampling log-prob.
+/// `max |exp(old - sampled) - 1|` over the generated tokens that carry a sampling log-prob (the
+/// rows' old log-probs read in one transfer).
 fn ratio_deviation(rows: &[&TrainingRow], old: &[Tensor]) -> f64 {
+    let with: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].sampled_logprobs.len() == rows[i].response.len()).collect();
+    if with.is_empty() {
+        return 0.0;
+    }
+    let parts: Vec<Tensor> = with.iter().map(|&i| old[i].to_kind(Kind::Float)).collect();
+    let all: Vec<f32> = Vec::try_from(transfers::to_host(&Tensor::cat(&parts, 0))).unwrap_or_default();
     let mut worst = 0.0f64;
-    for (row, old) in rows.iter().zip(old) {
-        if row.sampled_logprobs.len() != row.response.len() {
-            continue;
-        }
-        let old: Vec<f32> = Vec::try_from(old.to_device(Device::Cpu).to_kind(Kind::Float)).unwrap_or_default();
+    let mut at = 0;
+    for &i in &with {
+        let (row, n) = (rows[i], old[i].size()[0] as usize);
+        let old = all.get(at..at + n).unwrap_or_default();
+        at += n;
         for ((o, s), m) in old.iter().zip(&row.sampled_logprobs).zip(&row.loss_mask) {
             if *m == 1 {
                 worst = worst.max((f64::from(*o) - f64::from(*s)).exp_m1().abs());
@@ -112,13 +124,17 @@ fn ratio_deviation(rows: &[&TrainingRow], old: &[Tensor]) -> f64 {
     worst
 }
 
-/// Sums of one mini-batch's loss parts.
-#[derive(Debug, Default)]
+/// Sums of one mini-batch's loss parts, on the device (`[4]` f64: policy, KL, entropy, clipped
+/// tokens), read once when the mini-batch is done.
+#[derive(Debug)]
 struct Sums {
-    policy: f64,
-    kl: f64,
-    entropy: f64,
-    clipped: f64,
+    parts: Tensor,
+}
+
+impl Sums {
+    fn new(device: Device) -> Self {
+        Sums { parts: Tensor::zeros([4], (Kind::Double, device)) }
+    }
 }
 
 /// Forward and backward of one micro-batch: its share (`weights`) of the mini-batch's loss.
@@ -132,10 +148,7 @@ fn micro_backward(
 ) {
     let device = policy.device();
     let mut add = |parts: &super::loss::LossParts| {
-        sums.policy += parts.policy;
-        sums.kl += parts.kl;
-        sums.entropy += parts.entropy;
-        sums.clipped += parts.clipped_tokens;
+        sums.parts += &parts.parts;
     };
     match cfg.logits {
         LogitsPath::Chunked(positions) => {
@@ -188,7 +201,7 @@ pub fn ppo_update(
             (0..rows.len()).step_by(micro).map(|s| (s, (s + micro).min(rows.len()))).collect();
         let tokens: Vec<usize> = rows.iter().map(|r| r.generated_tokens()).collect();
         let weights = token_weights(&tokens, &micros, cfg.loss.aggregation);
-        let mut sums = Sums::default();
+        let mut sums = Sums::new(device);
         opt.zero_grad();
         for &(s, e) in &micros {
             let chunk = &rows[s..e];
@@ -205,11 +218,12 @@ pub fn ppo_update(
         if !step.applied {
             stats.skipped_steps += 1;
         }
+        let sums = PartValues::of(&sums.parts);
         stats.policy += sums.policy;
         stats.kl += sums.kl;
         stats.entropy += sums.entropy;
         stats.loss += sums.policy - cfg.loss.entropy_coef * sums.entropy + cfg.loss.kl_coef * sums.kl;
-        stats.clip_fraction += sums.clipped / tokens.iter().sum::<usize>().max(1) as f64;
+        stats.clip_fraction += sums.clipped_tokens / tokens.iter().sum::<usize>().max(1) as f64;
         minis += 1;
     }
     stats.rows = n;

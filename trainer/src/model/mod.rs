@@ -310,6 +310,43 @@ impl Attention {
     }
 }
 
+/// The attention kernel libtorch's `scaled_dot_product_attention` dispatches to (its
+/// `SDPBackend`), as `_fused_sdp_choice` reports it for given shapes, dtype, device and mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SdpaKernel {
+    Math,
+    Flash,
+    MemoryEfficient,
+    Cudnn,
+    Overrideable,
+    /// A value this build does not know (a newer libtorch), or the query failed.
+    Other(i64),
+}
+
+impl SdpaKernel {
+    fn of(code: i64) -> Self {
+        match code {
+            0 => SdpaKernel::Math,
+            1 => SdpaKernel::Flash,
+            2 => SdpaKernel::MemoryEfficient,
+            3 => SdpaKernel::Cudnn,
+            4 => SdpaKernel::Overrideable,
+            other => SdpaKernel::Other(other),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            SdpaKernel::Math => "math (unfused)".into(),
+            SdpaKernel::Flash => "flash".into(),
+            SdpaKernel::MemoryEfficient => "memory-efficient".into(),
+            SdpaKernel::Cudnn => "cuDNN".into(),
+            SdpaKernel::Overrideable => "overrideable".into(),
+            SdpaKernel::Other(c) => format!("unknown ({c})"),
+        }
+    }
+}
+
 /// What every layer of one forward pass shares: RoPE tables and the attention mask.
 #[derive(Debug)]
 pub struct Pass {
@@ -403,6 +440,11 @@ impl CausalLm {
         let inv: Vec<f32> = config.inv_freq().into_iter().map(|f| f as f32).collect();
         let inv_freq = Tensor::from_slice(&inv).to_device(vs.device());
         Self { config, embed, layers, norm, lm_head, inv_freq, device: vs.device() }
+    }
+
+    /// The parameters' dtype.
+    pub fn kind(&self) -> Kind {
+        self.embed.ws.kind()
     }
 
     pub fn device(&self) -> Device {
@@ -539,6 +581,27 @@ impl CausalLm {
         (x, Pass { cos, sin, mask })
     }
 
+    /// The kernel libtorch picks for one layer's attention of a pass of `batch` rows x `new`
+    /// positions after `past` cached ones, masked as that pass would be: `padded` means a
+    /// padding mask (an additive mask, as any multi-row call with rows of unequal length);
+    /// otherwise plain causal without a past, no mask for one new position, or the causal
+    /// additive mask. Asked of libtorch with tensors of the model's dtype on its device.
+    pub fn sdpa_kernel(&self, batch: i64, new: i64, past: i64, padded: bool) -> SdpaKernel {
+        let c = &self.config;
+        let opts = (self.kind(), self.device);
+        let total = past + new;
+        let q = Tensor::zeros([batch, c.num_attention_heads, new, c.head_dim], opts);
+        let kv = Tensor::zeros([batch, c.num_key_value_heads, total, c.head_dim], opts);
+        let gqa = c.num_attention_heads != c.num_key_value_heads;
+        let additive = || Tensor::zeros([batch, 1, new, total], opts);
+        let choice = if padded || (past > 0 && new > 1) {
+            Tensor::f_internal_fused_sdp_choice(&q, &kv, &kv, Some(additive()), 0.0, false, None, gqa)
+        } else {
+            Tensor::f_internal_fused_sdp_choice::<Tensor>(&q, &kv, &kv, None, 0.0, past == 0, None, gqa)
+        };
+        choice.map_or(SdpaKernel::Other(-1), SdpaKernel::of)
+    }
+
     /// Decoder layer `i` on `x` (no cache).
     pub fn layer_forward(&self, i: usize, x: &Tensor, pass: &Pass) -> Tensor {
         self.layer_forward_cached(i, x, pass, None)
@@ -595,6 +658,15 @@ impl CausalLm {
             None => hidden.matmul(&self.embed.ws.tr()),
         };
         out.to_kind(Kind::Float)
+    }
+
+    /// The vocabulary projection's weight `[vocab, hidden]`: the LM head's, or the embedding
+    /// when they are tied (no bias in either architecture).
+    pub fn head_weight(&self) -> &Tensor {
+        match &self.lm_head {
+            Some(head) => &head.ws,
+            None => &self.embed.ws,
+        }
     }
 
     /// Logits for every new position.

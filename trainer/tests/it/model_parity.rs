@@ -276,3 +276,15 @@ fn the_parity_command_passes_and_fails() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED"));
 }
+
+/// libtorch names the attention kernel it picks for each kind of pass (the bench prints it); on
+/// the CPU a known one, at every shape the engine and the trainer run.
+#[test]
+fn libtorch_names_the_attention_kernel_of_each_pass() {
+    use grove_trainer::model::SdpaKernel;
+    let (_vs, lm) = load(&golden("qwen2-tiny"));
+    for (batch, new, past, padded) in [(4, 64, 0, false), (8, 1, 40, false), (8, 1, 40, true), (8, 16, 40, true)] {
+        let k = lm.sdpa_kernel(batch, new, past, padded);
+        assert!(!matches!(k, SdpaKernel::Other(_)), "{batch} x {new} after {past}, padded {padded}: {k:?}");
+    }
+}

@@ -164,3 +164,33 @@ fn chunked_logits_and_checkpointing_match_the_full_path() {
         assert_eq!(full_stats.tokens, stats.tokens);
     }
 }
+
+/// An update's host<->device transfers do not grow with its rows or its chunks: a fixed few per
+/// micro-batch (the layout and its indices, the per-token constants) and one read of the loss
+/// parts per mini-batch; no mask upload or `masked_select` per row, no index upload or loss read
+/// per chunk of positions.
+#[test]
+fn an_update_makes_no_transfer_per_row_or_chunk() {
+    use grove_trainer::device::transfers;
+    let made = |n: usize, chunk: usize| {
+        let (vs, policy) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
+        let (_ref_vs, reference) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
+        let rows: Vec<TrainingRow> = (0..n)
+            .map(|i| {
+                let response: Vec<u32> = (0..12).map(|t| 10 + ((i * 7 + t) % 200) as u32).collect();
+                row(response, vec![1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1], (i % 2) as f64)
+            })
+            .collect();
+        let advantages: Vec<f64> = (0..n).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        let mut opt = AdamW::new(&vs, AdamWConfig::default());
+        let cfg = UpdateConfig { mini_batches: 1, micro_batch: 8, logits: LogitsPath::Chunked(chunk), ..Default::default() };
+        let before = transfers::count();
+        ppo_update(&policy, &reference, &mut opt, 1e-3, &rows, &advantages, &cfg);
+        transfers::count() - before
+    };
+    let base = made(2, 512);
+    assert_eq!(made(8, 512), base, "8 rows in one micro-batch: as many transfers as 2");
+    assert_eq!(made(8, 4), base, "chunks of 4 positions: as many transfers as one chunk");
+    // Old and reference scoring, the layout, two picks, two tiles, one ratio read, one parts read.
+    assert!(base <= 24, "{base} transfers for one micro-batch");
+}
