@@ -18,6 +18,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use crate::env::EnvClient;
+#[cfg(feature = "bench-baseline")]
 use crate::generate::legacy::LegacyEngine;
 use crate::generate::{Engine, SamplingParams};
 use crate::logprobs::ScoreOptions;
@@ -173,6 +174,7 @@ impl Generates for Engine<'_> {
     }
 }
 
+#[cfg(feature = "bench-baseline")]
 impl Generates for LegacyEngine<'_> {
     fn add_prompt(&mut self, tokens: Vec<u32>) -> u64 {
         self.add(tokens, 1).unwrap_or(0)
@@ -193,7 +195,7 @@ fn timed_generation(
     params: &SamplingParams,
     tok: &Tokenizer,
     device: Device,
-) -> ((f64, f64), Vec<Vec<u32>>) {
+) -> Timed {
     let seqs: Vec<u64> = prompts.iter().map(|p| engine.add_prompt(p.clone())).collect();
     let t = seconds(device, &mut || {
         engine.generate_tokens(&seqs, params, tok);
@@ -214,6 +216,34 @@ struct GenFigures {
     same: bool,
 }
 
+/// What [`timed_generation`] measures: (tokens/s of the whole call, of decoding alone), and the
+/// second call's tokens.
+type Timed = ((f64, f64), Vec<Vec<u32>>);
+
+/// The engine before this one, on fresh sequences, when this build has it (`bench-baseline`).
+#[cfg(feature = "bench-baseline")]
+fn legacy_generation(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    tok: &Tokenizer,
+) -> Option<Timed> {
+    Some(timed_generation(LegacyEngine::new(model), prompts, params, tok, model.device()))
+}
+
+#[cfg(not(feature = "bench-baseline"))]
+fn legacy_generation(
+    _model: &CausalLm,
+    _prompts: &[Vec<u32>],
+    _params: &SamplingParams,
+    _tok: &Tokenizer,
+) -> Option<Timed> {
+    None
+}
+
+/// Whether this build can measure the engine before (the `bench-baseline` feature).
+pub const HAS_BASELINE: bool = cfg!(feature = "bench-baseline");
+
 fn generation(model: &CausalLm, tok: &Tokenizer, vocab: i64, b: usize, opts: &BenchOptions) -> GenFigures {
     let device = model.device();
     let prompts: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, opts.prompt_len, i as u64)).collect();
@@ -221,11 +251,12 @@ fn generation(model: &CausalLm, tok: &Tokenizer, vocab: i64, b: usize, opts: &Be
     let mut outputs: [Vec<Vec<u32>>; 2] = [Vec::new(), Vec::new()];
     let mut timings: [[Vec<f64>; 2]; 2] = Default::default();
     let mut run = |legacy: bool, keep: bool| {
-        let ((whole, decode), out) = if legacy {
-            timed_generation(LegacyEngine::new(model), &prompts, &params, tok, device)
+        let measured = if legacy {
+            legacy_generation(model, &prompts, &params, tok)
         } else {
-            timed_generation(Engine::new(model), &prompts, &params, tok, device)
+            Some(timed_generation(Engine::new(model), &prompts, &params, tok, device))
         };
+        let Some(((whole, decode), out)) = measured else { return };
         let i = usize::from(legacy);
         if keep {
             timings[i][0].push(whole);
@@ -265,6 +296,9 @@ pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchRepor
                 "tokens/s",
                 format!("{setting}; {note}"),
             ));
+            if !HAS_BASELINE {
+                continue;
+            }
             rows.push(BenchRow::new(
                 format!("generation, batch {b}, {what}, engine before (baseline)"),
                 format!("{old:.1}"),
@@ -278,6 +312,14 @@ pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchRepor
                 format!("greedy outputs identical: {}", if g.same { "yes" } else { "NO" }),
             ));
         }
+    }
+    if !HAS_BASELINE {
+        rows.push(BenchRow::new(
+            "generation, engine before (baseline)",
+            "-",
+            "",
+            "not in this build: the baseline engine comes with the `bench-baseline` feature (`cargo xtask bench` turns it on)",
+        ));
     }
     let (b, len) = (opts.prefill_batch as i64, opts.prefill_len as i64);
     let secs = single(device, opts.repeats, &mut || prefill(model, vocab, b, len, 99));

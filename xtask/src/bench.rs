@@ -85,7 +85,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
             "the SmolLM2 / mini-Wikipedia / FanOutQA assets are missing and could not be fetched; \
              run `cargo xtask assets` (or pass --skip-trainer)",
         )?;
-        build.extend(["-p", "grove-trainer", "--bin", "trainer"]);
+        build.extend(["-p", "grove-trainer", "--bin", "trainer", "--features", "grove-trainer/bench-baseline"]);
     }
     util::banner(&format!("cargo {}", build.join(" ")));
     util::run(root, "cargo", &build)?;

@@ -105,7 +105,17 @@ pub fn run(root: &Path, args: &GpuArgs) -> Result<()> {
     crate::libtorch::ensure(root, crate::libtorch::Variant::Cpu)?;
     crate::assets::ensure_all(false)?;
     util::banner(if args.debug { "build: trainer and env-server" } else { "build: trainer and env-server (release)" });
-    let mut build = vec!["build", "-p", "grove-trainer", "-p", "grove-env-server", "--bins"];
+    // The bench on the device compares with the engine before (the `bench-baseline` feature).
+    let mut build = vec![
+        "build",
+        "-p",
+        "grove-trainer",
+        "-p",
+        "grove-env-server",
+        "--bins",
+        "--features",
+        "grove-trainer/bench-baseline",
+    ];
     if !args.debug {
         build.push("--release");
     }

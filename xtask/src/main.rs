@@ -118,6 +118,10 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Features `cargo xtask test` lints and tests with, beyond the defaults: the env-server's soak
+/// binary and the trainer's baseline engine (what `cargo xtask soak` and `bench` build).
+const LINT_AND_TEST_FEATURES: &str = "grove-env-server/soak,grove-trainer/bench-baseline";
+
 /// The checkout `cargo xtask` was run in. `cargo run` tells the binary its manifest folder at run
 /// time; the path compiled in is only a fallback (for the binary run by hand), since a binary
 /// cargo reuses may have been built from another checkout sharing the target folder, and would
@@ -158,18 +162,27 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
     })?;
     if !no_lint {
         phase("cargo fmt --check", &mut || util::run(root, "cargo", &["fmt", "--all", "--check"]))?;
-        // With the env-server's `soak` feature, so that its soak binary is linted too.
+        // With the env-server's `soak` feature and the trainer's `bench-baseline`, so that the soak
+        // binary and the bench's baseline engine are linted too.
         phase("cargo clippy", &mut || {
-            let soak = "grove-env-server/soak";
             util::run(
                 root,
                 "cargo",
-                &["clippy", "--workspace", "--all-targets", "--features", soak, "--", "-D", "warnings"],
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--features",
+                    LINT_AND_TEST_FEATURES,
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
             )
         })?;
     }
     phase("cargo test", &mut || {
-        let mut args = vec!["test", "--workspace"];
+        let mut args = vec!["test", "--workspace", "--features", LINT_AND_TEST_FEATURES];
         args.extend(cargo_test_args.iter().map(String::as_str));
         // The shared-cache tests start their own redis-servers from this program; the FAISS
         // file tests run faiss-cpu from the venv; grove-view's browser test drives this Chromium.

@@ -101,8 +101,8 @@ pub struct PartValues {
 impl PartValues {
     /// Values of a `[4]` parts tensor (one transfer).
     pub fn of(parts: &Tensor) -> Self {
-        let v: Vec<f64> = Vec::try_from(crate::device::transfers::to_host(&parts.to_kind(Kind::Double)))
-            .unwrap_or_default();
+        let v: Vec<f64> =
+            Vec::try_from(crate::device::transfers::to_host(&parts.to_kind(Kind::Double))).unwrap_or_default();
         let get = |i: usize| v.get(i).copied().unwrap_or(f64::NAN);
         PartValues { policy: get(0), kl: get(1), entropy: get(2), clipped_tokens: get(3) }
     }

@@ -103,7 +103,8 @@ fn tiled(rows: &[&TrainingRow], value: &dyn Fn(usize) -> f64, device: Device) ->
 /// `max |exp(old - sampled) - 1|` over the generated tokens that carry a sampling log-prob (the
 /// rows' old log-probs read in one transfer).
 fn ratio_deviation(rows: &[&TrainingRow], old: &[Tensor]) -> f64 {
-    let with: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].sampled_logprobs.len() == rows[i].response.len()).collect();
+    let with: Vec<usize> =
+        (0..rows.len()).filter(|&i| rows[i].sampled_logprobs.len() == rows[i].response.len()).collect();
     if with.is_empty() {
         return 0.0;
     }

@@ -26,8 +26,10 @@
 //! Invariant of a sequence between calls: its cache holds every token but the last, which is fed
 //! at the start of the next generation (so that its logits exist without recomputation).
 //!
-//! [`legacy`] keeps the engine before this one, as the benchmark's baseline.
+//! `legacy` keeps the engine before this one, as the benchmark's baseline (behind the
+//! `bench-baseline` feature).
 
+#[cfg(feature = "bench-baseline")]
 pub mod legacy;
 mod sample;
 

@@ -129,6 +129,7 @@ impl KvCache {
         self.len() == 0
     }
 
+    #[cfg(feature = "bench-baseline")]
     fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> KvCache {
         KvCache {
             layers: self
@@ -163,6 +164,7 @@ impl KvCache {
     }
 
     /// Concatenate caches of equal length along the batch dimension.
+    #[cfg(feature = "bench-baseline")]
     pub fn cat(caches: &[&KvCache]) -> Option<KvCache> {
         let first = caches.first()?;
         let layers = (0..first.layers.len())
@@ -179,6 +181,7 @@ impl KvCache {
     }
 
     /// Prepend zero positions so the cache holds `to` positions (for left-padded batches).
+    #[cfg(feature = "bench-baseline")]
     pub fn left_pad(&self, to: i64) -> KvCache {
         self.map(|t| {
             let mut size = t.size();
@@ -192,11 +195,13 @@ impl KvCache {
     }
 
     /// Positions `start..start + len`, copied (so the larger tensor they came from can be freed).
+    #[cfg(feature = "bench-baseline")]
     pub fn narrow_positions(&self, start: i64, len: i64) -> KvCache {
         self.map(|t| t.narrow(2, start, len).contiguous())
     }
 
     /// A shallow handle to the same tensors (no copy): what a forked sequence starts from.
+    #[cfg(feature = "bench-baseline")]
     pub fn share(&self) -> KvCache {
         self.map(Tensor::shallow_clone)
     }

@@ -161,6 +161,7 @@ fn kv_bytes_per_token(lm: &grove_trainer::model::CausalLm) -> u64 {
 
 /// The engine before the rewrite is kept as the benchmark's baseline; both decode the same
 /// greedy tokens for a batch of prompts of mixed lengths, forked and extended sequences included.
+#[cfg(feature = "bench-baseline")]
 #[test]
 fn the_engine_and_the_legacy_engine_decode_the_same_greedy_tokens() {
     use grove_trainer::generate::legacy::LegacyEngine;

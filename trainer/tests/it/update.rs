@@ -183,7 +183,8 @@ fn an_update_makes_no_transfer_per_row_or_chunk() {
             .collect();
         let advantages: Vec<f64> = (0..n).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
         let mut opt = AdamW::new(&vs, AdamWConfig::default());
-        let cfg = UpdateConfig { mini_batches: 1, micro_batch: 8, logits: LogitsPath::Chunked(chunk), ..Default::default() };
+        let cfg =
+            UpdateConfig { mini_batches: 1, micro_batch: 8, logits: LogitsPath::Chunked(chunk), ..Default::default() };
         let before = transfers::count();
         ppo_update(&policy, &reference, &mut opt, 1e-3, &rows, &advantages, &cfg);
         transfers::count() - before
