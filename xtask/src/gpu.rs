@@ -138,13 +138,11 @@ pub fn run(root: &Path, args: &GpuArgs) -> Result<()> {
     // Grove's own HF side (its training step includes an AdamW step, as Grove's does).
     std::fs::write(out.join("hf_bench.py"), include_str!("../gpu/hf_bench.py"))?;
     let shared = root.join("..").join("shared");
-    for script in ["make_model.py"] {
-        let from = shared.join("gpu").join(script);
-        if from.exists() {
-            copy(&from, &out.join(script))?;
-        } else {
-            eprintln!("warning: {} is missing: the device run cannot make models or run transformers", from.display());
-        }
+    let make_model = shared.join("gpu").join("make_model.py");
+    if make_model.exists() {
+        copy(&make_model, &out.join("make_model.py"))?;
+    } else {
+        eprintln!("warning: {} is missing: the device run cannot make models", make_model.display());
     }
     for model in ["qwen2-tiny", "llama3-tiny"] {
         for file in ["config.json", "model.safetensors", "cases.safetensors"] {

@@ -8,7 +8,9 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use grove_trainer::data::{EvalSelection, load_tasks_where, select};
 use grove_trainer::device::{DeviceRequest, Placement, Precision, place_with};
+use grove_trainer::env::EnvClient;
 use grove_trainer::generate::SamplingParams;
+use grove_trainer::method::Method;
 use grove_trainer::model::{CausalLm, load_model};
 use grove_trainer::rollout::agent::AgentConfig;
 use grove_trainer::tokenizer::Tokenizer;
@@ -171,4 +173,45 @@ pub struct OutArgs {
     /// Output path.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+/// The rollouts of `trainer budget` and of `trainer bench --env`: the same prompts, agent and
+/// methods.
+#[derive(Debug, Args)]
+pub(super) struct RolloutArgs {
+    /// An env-server serving the questions' corpus.
+    #[arg(long)]
+    pub(super) env: Option<String>,
+    /// Search-R1 parquet or QA JSONL of the rollout's prompts.
+    #[arg(long)]
+    pub(super) data: Option<PathBuf>,
+    #[arg(long, default_value = "nq")]
+    pub(super) data_source: String,
+    /// Keep only rows whose metadata has this flag set (e.g. answer_in_passage).
+    #[arg(long)]
+    pub(super) only: Option<String>,
+    /// Prompts of the rollout, spread evenly over the data file.
+    #[arg(long, default_value_t = 8)]
+    pub(super) prompts: usize,
+    /// Rollout methods to compare (repeat the flag): `tree:M,N,L,K`, `chain:N`.
+    #[arg(long = "method", default_values = ["tree:2,2,1,3", "chain:4"])]
+    pub(super) methods: Vec<Method>,
+    #[command(flatten)]
+    pub(super) agent: AgentArgs,
+    #[command(flatten)]
+    pub(super) sampling: SamplingArgs,
+}
+
+impl RolloutArgs {
+    /// The server, prompts and agent, or `None` when no server or data was named.
+    pub(super) fn resolve(&self) -> Result<Option<(EnvClient, Vec<grove_protocol::TaskSpec>, AgentConfig)>> {
+        let (Some(env), Some(data)) = (&self.env, &self.data) else { return Ok(None) };
+        if self.prompts == 0 {
+            return Ok(None);
+        }
+        let data = DataArgs { data: data.clone(), data_source: self.data_source.clone(), only: self.only.clone() };
+        let tasks = data.spread(self.prompts)?;
+        let agent = self.agent.agent(self.sampling.params(1.0)?)?;
+        Ok(Some((EnvClient::connect(env, Default::default())?, tasks, agent)))
+    }
 }
