@@ -52,21 +52,11 @@ pub struct BenchArgs {
     json: bool,
 }
 
-/// One figure of the report: what, its value (formatted), its unit, and a baseline or note.
-pub(crate) struct Row {
-    pub(crate) figure: String,
-    pub(crate) value: String,
-    pub(crate) unit: &'static str,
-    pub(crate) note: String,
-}
+/// One figure of the report, in the schema every bench prints (`grove_rundir::bench`).
+pub(crate) type Row = grove_rundir::bench::BenchRow;
 
-pub(crate) fn row(
-    figure: impl Into<String>,
-    value: impl Into<String>,
-    unit: &'static str,
-    note: impl Into<String>,
-) -> Row {
-    Row { figure: figure.into(), value: value.into(), unit, note: note.into() }
+pub(crate) fn row(figure: impl Into<String>, value: impl Into<String>, unit: &str, note: impl Into<String>) -> Row {
+    Row::new(figure, value, unit, note)
 }
 
 /// The `p50 / p99` row of a sorted latency sample.
@@ -240,8 +230,7 @@ pub async fn run_bench(args: BenchArgs) -> Result<()> {
 
     if args.json {
         for r in rows {
-            let line = serde_json::json!({ "figure": r.figure, "value": r.value, "unit": r.unit, "note": r.note });
-            println!("{line}");
+            println!("{}", r.to_json_line());
         }
     } else {
         println!("\n{:<52} {:>16} {:<11} note", "env-server bench", "value", "unit");

@@ -15,7 +15,8 @@ use crate::env::EnvClient;
 use crate::generate::Engine;
 use crate::method::Method;
 use crate::model::CausalLm;
-use crate::rollout::agent::{AgentConfig, PromptRollout, Rollout, RolloutError};
+use crate::rollout::agent::{AgentConfig, PromptRollout, RolloutCost, RolloutError};
+use crate::rollout::drive::{Driver, Visit, drive};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -123,11 +124,9 @@ pub fn measure(
     how: Measure,
 ) -> Result<BudgetRow, RolloutError> {
     let (seed, batch_prompts) = (how.seed, how.batch_prompts);
-    let device = model.device();
     let shape = method.shape();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut engine = Engine::new(model);
-    let mut replay = Engine::new(model);
     let mut row = BudgetRow {
         method,
         prompts: tasks.len(),
@@ -143,37 +142,49 @@ pub fn measure(
         kv_bytes_held: 0,
         kv_bytes_copies: 0,
     };
-    let mut leaves = 0usize;
-    let batch = if batch_prompts == 0 { tasks.len() } else { batch_prompts };
-    for batch in tasks.chunks(batch.max(1)) {
-        crate::timing::sync(device);
-        let t = Instant::now();
-        let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
-        let rollouts = r.run_many(batch, shape, &mut rng)?;
-        crate::timing::sync(device);
-        row.rollout_seconds += t.elapsed().as_secs_f64();
-        let cost = r.cost;
-        row.kv_bytes_held = row.kv_bytes_held.max(engine.kv_bytes());
-        let copies: u64 = rollouts.iter().map(held_positions).sum::<u64>() * kv_bytes_per_token(model);
-        row.kv_bytes_copies = row.kv_bytes_copies.max(copies);
-        row.tool_calls += cost.tool_calls;
-        row.generated_tokens += cost.generated_tokens;
-        row.prefill_tokens += cost.prefill_tokens;
-        let mut opened = Vec::new();
-        for rollout in rollouts {
-            if how.replay {
+    // Per batch: its time, the cache it holds and what copies would hold; per prompt: the
+    // re-encoding replay (timed) and the leaves.
+    struct Tally<'r, 'm> {
+        row: &'r mut BudgetRow,
+        replay: Option<Engine<'m>>,
+        bytes_per_token: u64,
+        leaves: usize,
+    }
+    impl Visit for Tally<'_, '_> {
+        fn batch(&mut self, engine: &Engine<'_>, rollouts: &[PromptRollout], cost: &RolloutCost, seconds: f64) {
+            let row = &mut *self.row;
+            row.rollout_seconds += seconds;
+            row.kv_bytes_held = row.kv_bytes_held.max(engine.kv_bytes());
+            let copies: u64 = rollouts.iter().map(held_positions).sum::<u64>() * self.bytes_per_token;
+            row.kv_bytes_copies = row.kv_bytes_copies.max(copies);
+            row.tool_calls += cost.tool_calls;
+            row.generated_tokens += cost.generated_tokens;
+            row.prefill_tokens += cost.prefill_tokens;
+        }
+
+        fn prompt(
+            &mut self,
+            _: usize,
+            rollout: &PromptRollout,
+            _: &mut rand_chacha::ChaCha8Rng,
+        ) -> Result<(), RolloutError> {
+            if let Some(replay) = self.replay.as_mut() {
+                let device = replay.device();
                 crate::timing::sync(device);
                 let t = Instant::now();
-                row.reencode_tokens += reencode(&mut replay, &rollout)?;
+                self.row.reencode_tokens += reencode(replay, rollout)?;
                 crate::timing::sync(device);
-                row.reencode_seconds += t.elapsed().as_secs_f64();
+                self.row.reencode_seconds += t.elapsed().as_secs_f64();
             }
-            leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
-            rollout.release(&mut engine);
-            opened.extend_from_slice(&rollout.episodes);
+            self.leaves += rollout.trees.iter().map(|t| t.leaves().len()).sum::<usize>();
+            Ok(())
         }
-        env.close(&opened)?;
     }
+    let replay = how.replay.then(|| Engine::new(model));
+    let mut tally = Tally { row: &mut row, replay, bytes_per_token: kv_bytes_per_token(model), leaves: 0 };
+    let mut driver = Driver { engine: &mut engine, tok, env, config: agent };
+    drive(&mut driver, tasks, batch_prompts, shape, &mut rng, &mut tally)?;
+    let leaves = tally.leaves;
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
     row.mean_batch = engine.stats.generated_sequences as f64 / engine.stats.generate_calls.max(1) as f64;
     Ok(row)

@@ -26,37 +26,57 @@ pub fn evaluate(
     batch: usize,
     seed: u64,
 ) -> Result<EvalReport, RolloutError> {
-    let mut sums: BTreeMap<String, (usize, f64, u64, usize)> = BTreeMap::new();
     let mut engine = Engine::new(model);
     if envs.is_empty() {
         return Ok(EvalReport::new());
     }
+    let mut scores = Vec::with_capacity(tasks.len());
     for (b, chunk) in tasks.chunks(batch.max(1)).enumerate() {
         let env = &envs[b % envs.len()];
         let mut r = Rollout { engine: &mut engine, tok, env, config: agent, cost: Default::default() };
         let chains = r.run_chains(chunk, seed.wrapping_add(b as u64 * 1_000_003))?;
         for (task, steps) in chunk.iter().zip(chains) {
             let last = steps.last();
-            let metric = last.and_then(|s| s.metric).unwrap_or(0.0);
-            let tools = steps.iter().filter(|s| s.is_tool_call()).count() as u64;
-            let answered =
-                usize::from(last.is_some_and(|s| s.kind == grove_protocol::ActionKind::Answer && s.failure.is_none()));
-            for key in [task.data_source.clone(), "all".to_string()] {
-                let e = sums.entry(key).or_default();
-                e.0 += 1;
-                e.1 += metric;
-                e.2 += tools;
-                e.3 += answered;
-            }
+            let score = QuestionScore {
+                metric: last.and_then(|s| s.metric).unwrap_or(0.0),
+                tool_calls: steps.iter().filter(|s| s.is_tool_call()).count() as u64,
+                answered: last.is_some_and(|s| s.kind == grove_protocol::ActionKind::Answer && s.failure.is_none()),
+            };
+            scores.push((task.data_source.as_str(), score));
         }
     }
-    Ok(sums
-        .into_iter()
+    Ok(report(scores))
+}
+
+/// One question's result, as an evaluation report counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QuestionScore {
+    /// The env's pure EM / F1 of the final answer (0 without one).
+    pub metric: f64,
+    pub tool_calls: u64,
+    /// Ended on an answer the env-server accepted.
+    pub answered: bool,
+}
+
+/// The report of every evaluation, native or through an OpenAI-compatible server: per data
+/// source and `"all"`, the questions, the mean metric, tool calls per question and answers.
+pub fn report<'a>(scores: impl IntoIterator<Item = (&'a str, QuestionScore)>) -> EvalReport {
+    let mut sums: BTreeMap<String, (usize, f64, u64, usize)> = BTreeMap::new();
+    for (source, s) in scores {
+        for key in [source, "all"] {
+            let e = sums.entry(key.to_string()).or_default();
+            e.0 += 1;
+            e.1 += s.metric;
+            e.2 += s.tool_calls;
+            e.3 += usize::from(s.answered);
+        }
+    }
+    sums.into_iter()
         .map(|(k, (n, m, t, a))| {
             let q = n.max(1) as f64;
             (k, SourceScore { questions: n, score: m / q, tool_calls_per_question: t as f64 / q, answered: a })
         })
-        .collect())
+        .collect()
 }
 
 /// Evaluate `model` on the selected held-out questions greedily (and sampled with the agent's

@@ -14,7 +14,6 @@
 //! A question whose model calls still fail after the retries fails the whole evaluation with a
 //! typed [`OpenAiEvalError::Model`] naming the question (the rest are cancelled).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use grove_protocol::client::{Client, ClientError, ClientOptions};
 use grove_protocol::{ActionKind, EpisodeOptions, ErrorInfo, TaskSpec};
 
-use crate::eval::{EvalReport, SourceScore};
+use crate::eval::{EvalReport, QuestionScore, report};
 
 /// The stop sequences of the Search-R1 tag grammar; servers strip them from the returned text.
 pub const STOP: [&str; 2] = ["</search>", "</answer>"];
@@ -393,24 +392,11 @@ pub async fn evaluate_openai_async(
     Ok(report_of(tasks, &outcomes))
 }
 
-/// Aggregate per data source and `"all"`, as [`crate::eval::evaluate`] does.
+/// Aggregate per data source and `"all"`: the report [`crate::eval::evaluate`] makes too.
 pub fn report_of(tasks: &[TaskSpec], outcomes: &[QuestionOutcome]) -> EvalReport {
-    let mut sums: BTreeMap<String, (usize, f64, u64, usize)> = BTreeMap::new();
-    for (task, o) in tasks.iter().zip(outcomes) {
-        for key in [task.data_source.clone(), "all".to_string()] {
-            let e = sums.entry(key).or_default();
-            e.0 += 1;
-            e.1 += o.metric;
-            e.2 += o.tool_calls;
-            e.3 += usize::from(o.answered);
-        }
-    }
-    sums.into_iter()
-        .map(|(k, (n, m, t, a))| {
-            let q = n.max(1) as f64;
-            (k, SourceScore { questions: n, score: m / q, tool_calls_per_question: t as f64 / q, answered: a })
-        })
-        .collect()
+    let scores =
+        outcomes.iter().map(|o| QuestionScore { metric: o.metric, tool_calls: o.tool_calls, answered: o.answered });
+    report(tasks.iter().map(|t| t.data_source.as_str()).zip(scores))
 }
 
 /// Play one question; the episode is closed whatever happens.

@@ -193,22 +193,11 @@ fn json_rows(section: &'static str, cmd: &mut Command) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for line in out.stdout.as_slice().lines() {
         let line = line?;
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+        let Some(r) = grove_rundir::bench::BenchRow::from_json_line(&line) else {
             eprintln!("{line}");
             continue;
         };
-        let field = |k: &str| match &v[k] {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => String::new(),
-            other => other.to_string(),
-        };
-        rows.push(Row {
-            section,
-            figure: field("figure"),
-            value: field("value"),
-            unit: field("unit"),
-            note: field("note"),
-        });
+        rows.push(Row { section, figure: r.figure, value: r.value, unit: r.unit, note: r.note });
     }
     if rows.is_empty() {
         bail!("{shown} printed no rows");

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod bench;
 pub mod stats;
 mod trees;
 pub use trees::{LeafRecord, NodeRecord, PromptTrees, TREES_VERSION, TreeRecord, read_trees};

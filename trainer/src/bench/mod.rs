@@ -30,20 +30,7 @@ use crate::model::CausalLm;
 use crate::timing::{median, seconds};
 use crate::tokenizer::Tokenizer;
 
-/// One figure: what, its value (formatted), its unit, and a baseline or note.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BenchRow {
-    pub figure: String,
-    pub value: String,
-    pub unit: String,
-    pub note: String,
-}
-
-impl BenchRow {
-    pub fn new(figure: impl Into<String>, value: impl Into<String>, unit: &str, note: impl Into<String>) -> Self {
-        Self { figure: figure.into(), value: value.into(), unit: unit.into(), note: note.into() }
-    }
-}
+pub use grove_rundir::bench::BenchRow;
 
 #[derive(Debug, Clone)]
 pub struct BenchReport {

@@ -170,7 +170,7 @@ impl BenchArgs {
     fn print(&self, rows: Vec<BenchRow>) {
         if self.json {
             for r in rows {
-                let line = serde_json::json!({ "figure": r.figure, "value": r.value, "unit": r.unit, "note": r.note });
+                let line = r.to_json_line();
                 println!("{line}");
             }
         } else {

@@ -241,7 +241,7 @@ impl<'m> Engine<'m> {
         }
     }
 
-    fn device(&self) -> Device {
+    pub fn device(&self) -> Device {
         self.model.device()
     }
 

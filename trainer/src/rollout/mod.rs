@@ -1,5 +1,6 @@
 //! Rollout structures (spec §2): the tree of agent steps a Tree-GRPO rollout grows.
 
 pub mod agent;
+pub mod drive;
 pub mod leaves;
 pub mod tree;

@@ -19,7 +19,8 @@ use crate::generate::Engine;
 use crate::method::Method;
 use crate::model::CausalLm;
 use crate::optim::AdamW;
-use crate::rollout::agent::{AgentConfig, PromptRollout, Rollout, RolloutCost, RolloutError};
+use crate::rollout::agent::{AgentConfig, PromptRollout, RolloutCost, RolloutError};
+use crate::rollout::drive::{Driver, Visit, drive};
 use crate::rollout::leaves::training_rows;
 use crate::rows::TrainingRow;
 use crate::tokenizer::Tokenizer;
@@ -98,28 +99,51 @@ fn roll_out(
     let mut per_prompt: Vec<Vec<TrainingRow>> = vec![Vec::new(); prompts.len()];
     let mut recorded: Vec<Option<grove_rundir::PromptTrees>> = vec![None; prompts.len()];
     let mut engine = Engine::new(policy);
+    // The rows, reward checks and recorded trees of each prompt, as the driver shows its rollout.
+    struct Collect<'c> {
+        mine: &'c [(usize, usize)],
+        tasks: &'c [grove_protocol::TaskSpec],
+        tok: &'c Tokenizer,
+        cfg: &'c StepConfig,
+        step: u64,
+        record: usize,
+        per_prompt: &'c mut [Vec<TrainingRow>],
+        recorded: &'c mut [Option<grove_rundir::PromptTrees>],
+        mismatches: u64,
+    }
+    impl Visit for Collect<'_> {
+        fn prompt(&mut self, index: usize, rollout: &PromptRollout, rng: &mut ChaCha8Rng) -> Result<(), RolloutError> {
+            let (p, task) = self.mine[index];
+            let (cfg, k) = (self.cfg, self.cfg.method.shape().k);
+            self.per_prompt[p] = training_rows(rollout, k, p, cfg.agent.max_response_tokens, rng)?;
+            self.mismatches += reward_mismatches(self.tok, &self.tasks[task], rollout)?;
+            if p < self.record {
+                let rows = &self.per_prompt[p];
+                let trees =
+                    capture(self.tok, &self.tasks[task], rollout, rows, self.step, p, &cfg.method, cfg.estimator);
+                self.recorded[p] = Some(trees);
+            }
+            Ok(())
+        }
+    }
     for (e, env) in envs.iter().enumerate() {
         let mine: Vec<(usize, usize)> =
             prompts.iter().copied().enumerate().filter(|(p, _)| p % envs.len() == e).collect();
-        let batch = if cfg.rollout_batch_prompts == 0 { mine.len() } else { cfg.rollout_batch_prompts };
-        for chunk in mine.chunks(batch.max(1)) {
-            let batch_tasks: Vec<_> = chunk.iter().map(|&(_, t)| tasks[t].clone()).collect();
-            let mut r = Rollout { engine: &mut engine, tok, env, config: &cfg.agent, cost: RolloutCost::default() };
-            let rollouts = r.run_many(&batch_tasks, shape, rng)?;
-            cost.add(&r.cost);
-            let mut opened = Vec::new();
-            for (&(p, task), rollout) in chunk.iter().zip(rollouts) {
-                per_prompt[p] = training_rows(&rollout, shape.k, p, cfg.agent.max_response_tokens, rng)?;
-                mismatches += reward_mismatches(tok, &tasks[task], &rollout)?;
-                if p < record {
-                    recorded[p] =
-                        Some(capture(tok, &tasks[task], &rollout, &per_prompt[p], step, p, &cfg.method, cfg.estimator));
-                }
-                rollout.release(&mut engine);
-                opened.extend_from_slice(&rollout.episodes);
-            }
-            env.close(&opened).map_err(RolloutError::from)?;
-        }
+        let batch_tasks: Vec<_> = mine.iter().map(|&(_, t)| tasks[t].clone()).collect();
+        let mut collect = Collect {
+            mine: &mine,
+            tasks,
+            tok,
+            cfg,
+            step,
+            record,
+            per_prompt: &mut per_prompt,
+            recorded: &mut recorded,
+            mismatches: 0,
+        };
+        let mut driver = Driver { engine: &mut engine, tok, env, config: &cfg.agent };
+        cost.add(&drive(&mut driver, &batch_tasks, cfg.rollout_batch_prompts, shape, rng, &mut collect)?);
+        mismatches += collect.mismatches;
     }
     Ok(Rolled {
         rows: per_prompt.into_iter().flatten().collect(),
