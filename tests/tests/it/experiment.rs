@@ -55,7 +55,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         regimes: vec![Regime { name: "start".into(), model, note: "random init".into() }],
         lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
         record: Some(dir.path().join("record")),
-        analysis: Some(grove_trainer::analysis::Analysis { last_evals: 1, no_effect_margin: 0.03 }),
+        analysis: Some(grove_trainer::experiment::analysis::Analysis { last_evals: 1, no_effect_margin: 0.03 }),
         report_only: false,
     };
     let results = run_experiment(&cfg, false).unwrap();
@@ -157,7 +157,8 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let reported = run_experiment(&report, false).unwrap();
     assert_eq!(reported.regimes[0].runs.len(), 4, "seed 2 has no run and none is trained");
     assert!(!out.join("start/chain-n-2/seed-2").exists());
-    let a = grove_trainer::analysis::analyse(&report, &reported.regimes[0], report.analysis.as_ref().unwrap());
+    let a =
+        grove_trainer::experiment::analysis::analyse(&report, &reported.regimes[0], report.analysis.as_ref().unwrap());
     assert_eq!(a[0].pairs.len(), 2);
     let mut other = cfg;
     other.train.kl_coef = 0.5;

@@ -9,7 +9,7 @@ use grove_trainer::env::EnvClient;
 use grove_trainer::generate::{Engine, SamplingParams};
 use grove_trainer::method::{Method, TreeShape};
 use grove_trainer::rollout::agent::{AgentConfig, Rollout};
-use grove_trainer::rows::training_rows;
+use grove_trainer::rollout::leaves::training_rows;
 use grove_trainer::scripted::task_of;
 use grove_trainer::tokenizer::Tokenizer;
 use rand::SeedableRng;
