@@ -1,8 +1,9 @@
 //! The search backends a server offers ([`Backends`]: the registry `run` takes, by name, with the
 //! optional page tool), and building them from a configuration: the local BM25 index (built
 //! first if needed, the caller told of the progress), the web provider and the page tool behind
-//! the persistent cache, and the remote retriever (behind the cache when asked). The dense and
-//! hybrid backends are opened by the command line (`dense` feature).
+//! the persistent cache, the remote retriever (behind the cache when asked), and the dense and
+//! hybrid backends (`dense` feature; without it, a typed refusal saying how to build with it).
+//! [`build`] is the one place a configuration's backends are made.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,6 +92,10 @@ pub enum SetupError {
         #[source]
         source: IndexError,
     },
+    /// The dense index, its encoder or its corpus could not be opened.
+    #[cfg(feature = "dense")]
+    #[error(transparent)]
+    Dense(#[from] crate::search::dense::DenseSetupError),
     /// A task on the blocking pool failed (panicked or was cancelled).
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
@@ -121,18 +126,12 @@ pub async fn open_cache(config: &CacheConfig) -> Result<Option<WebCache>, SetupE
 /// the page tool when `pages.enabled` is.
 pub async fn local_backends(
     config: &ServerConfig,
-    mut progress: impl FnMut(BuildProgress) + Send + 'static,
+    progress: impl FnMut(BuildProgress) + Send + 'static,
 ) -> Result<Backends, SetupError> {
     let Some(corpus) = config.corpus.clone() else {
         return Err(SetupError::Config("the local backend needs --corpus (or `corpus` in the config)".into()));
     };
-    let index_dir = config.index.clone();
-    let index = tokio::task::spawn_blocking(move || {
-        LocalIndex::open_or_build(&corpus, index_dir.as_deref(), &mut progress)
-            .map_err(|source| SetupError::Index { corpus, source })
-    })
-    .await??;
-    tracing::info!(docs = index.num_docs(), "BM25 index ready");
+    let index = open_or_build_local(corpus, config.index.clone(), progress).await?;
     let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
     with_pages(Backends::new("local", Arc::new(index)), config, cache)
 }
@@ -163,6 +162,78 @@ pub async fn remote_backends(config: &ServerConfig) -> Result<Backends, SetupErr
         Arc::new(remote)
     };
     with_pages(Backends::new("remote", backend), config, cache)
+}
+
+/// The backends of a configuration, whichever its `backend` is; `progress` is told of a BM25
+/// index build (the local and hybrid backends build one when the corpus has none yet).
+pub async fn build(
+    config: &ServerConfig,
+    progress: impl FnMut(BuildProgress) + Send + 'static,
+) -> Result<Backends, SetupError> {
+    match config.backend {
+        BackendKind::Local => local_backends(config, progress).await,
+        BackendKind::Remote => remote_backends(config).await,
+        BackendKind::Web => web_backends(config).await,
+        BackendKind::Dense | BackendKind::Hybrid => dense_backends(config, progress).await,
+    }
+}
+
+/// What a server built without the `dense` feature says when asked for dense retrieval.
+pub const NO_DENSE: &str = "this env-server was built without dense retrieval; build it with \
+     `cargo build --release -p grove-env-server --features dense` (after `cargo xtask setup`)";
+
+/// The BM25 index of `corpus` (at `index`, default `<corpus>.index/`), opened or built on the
+/// blocking pool, `progress` told as it goes.
+async fn open_or_build_local(
+    corpus: PathBuf,
+    index: Option<PathBuf>,
+    mut progress: impl FnMut(BuildProgress) + Send + 'static,
+) -> Result<LocalIndex, SetupError> {
+    let index = tokio::task::spawn_blocking(move || {
+        LocalIndex::open_or_build(&corpus, index.as_deref(), &mut progress)
+            .map_err(|source| SetupError::Index { corpus, source })
+    })
+    .await??;
+    tracing::info!(docs = index.num_docs(), "BM25 index ready");
+    Ok(index)
+}
+
+/// The backend of `backend = "dense"` (the FAISS index over `corpus`), or of `"hybrid"` (BM25
+/// over the same corpus fused with it by reciprocal rank); with the page tool when
+/// `pages.enabled` is.
+#[cfg(feature = "dense")]
+pub async fn dense_backends(
+    config: &ServerConfig,
+    progress: impl FnMut(BuildProgress) + Send + 'static,
+) -> Result<Backends, SetupError> {
+    use crate::search::dense::{DenseBackend, HybridBackend};
+    let Some(corpus) = config.corpus.clone() else {
+        return Err(SetupError::Config(format!(
+            "the {:?} backend needs --corpus (the passages whose rows the index holds)",
+            config.backend
+        )));
+    };
+    let (dense_config, rows) = (config.dense.clone(), corpus.clone());
+    let dense = tokio::task::spawn_blocking(move || DenseBackend::open(&dense_config, &rows)).await??;
+    tracing::info!(vectors = dense.len(), "dense index ready");
+    let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
+    let backends = if config.backend == BackendKind::Hybrid {
+        let bm25 = open_or_build_local(corpus, config.index.clone(), progress).await?;
+        let hybrid = HybridBackend::new(bm25, dense, config.dense.hybrid_depth, config.dense.rrf_k);
+        Backends::new("hybrid", Arc::new(hybrid))
+    } else {
+        Backends::new("dense", Arc::new(dense))
+    };
+    with_pages(backends, config, cache)
+}
+
+/// Without the `dense` feature: a refusal that says how to build a server with it.
+#[cfg(not(feature = "dense"))]
+pub async fn dense_backends(
+    _config: &ServerConfig,
+    _progress: impl FnMut(BuildProgress) + Send + 'static,
+) -> Result<Backends, SetupError> {
+    Err(SetupError::Config(NO_DENSE.into()))
 }
 
 /// Add the page tool to `backends` when the configuration enables it (or the backend is web).

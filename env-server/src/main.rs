@@ -56,10 +56,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use grove_env_server::backends::{local_backends, open_cache, remote_backends, web_backends};
+use grove_env_server::backends::open_cache;
 use grove_env_server::config::{BackendKind, CacheMode, CacheStoreKind, Provider, ServerConfig};
+use grove_env_server::run;
 use grove_env_server::search::{BuildProgress, LocalIndex};
-use grove_env_server::{Backends, run};
 
 #[derive(Parser)]
 #[command(name = "env-server", version, about = "Grove environment server")]
@@ -350,42 +350,6 @@ pub(crate) fn open_local_index(corpus: &std::path::Path, index: Option<&std::pat
     Ok(index)
 }
 
-#[cfg(not(feature = "dense"))]
-const NO_DENSE: &str = "this env-server was built without dense retrieval; build it with \
-     `cargo build --release -p grove-env-server --features dense` (after `cargo xtask setup`)";
-
-#[cfg(not(feature = "dense"))]
-async fn dense_backends(_config: &ServerConfig) -> Result<Backends> {
-    bail!(NO_DENSE)
-}
-
-/// The dense backend, or the hybrid one (BM25 over the same corpus plus dense).
-#[cfg(feature = "dense")]
-async fn dense_backends(config: &ServerConfig) -> Result<Backends> {
-    use std::sync::Arc;
-
-    use grove_env_server::backends::with_pages;
-    use grove_env_server::search::dense::{DenseBackend, HybridBackend};
-    let Some(corpus) = config.corpus.clone() else {
-        bail!("the {:?} backend needs --corpus (the passages whose rows the index holds)", config.backend)
-    };
-    let dense_config = config.dense.clone();
-    let corpus_for_dense = corpus.clone();
-    let dense = tokio::task::spawn_blocking(move || DenseBackend::open(&dense_config, &corpus_for_dense)).await??;
-    tracing::info!(vectors = dense.len(), "dense index ready");
-    let cache = if config.pages.enabled { open_cache(&config.cache).await? } else { None };
-    let backends = if config.backend == BackendKind::Hybrid {
-        let index_dir = config.index.clone();
-        let bm25 = tokio::task::spawn_blocking(move || open_local_index(&corpus, index_dir.as_deref())).await??;
-        tracing::info!(docs = bm25.num_docs(), "BM25 index ready");
-        let hybrid = HybridBackend::new(bm25, dense, config.dense.hybrid_depth, config.dense.rrf_k);
-        Backends::new("hybrid", Arc::new(hybrid))
-    } else {
-        Backends::new("dense", Arc::new(dense))
-    };
-    Ok(with_pages(backends, config, cache)?)
-}
-
 fn build_index(args: &IndexArgs) -> Result<()> {
     if !args.dense {
         let index = open_local_index(&args.corpus, args.out.as_deref())?;
@@ -397,7 +361,7 @@ fn build_index(args: &IndexArgs) -> Result<()> {
 
 #[cfg(not(feature = "dense"))]
 fn build_dense_index(_args: &IndexArgs) -> Result<()> {
-    bail!(NO_DENSE)
+    bail!(grove_env_server::backends::NO_DENSE)
 }
 
 /// Encode every passage of the corpus and write a FAISS flat index, resuming an interrupted run.
@@ -424,16 +388,7 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
     };
     let out = match &args.out {
         Some(out) => out.clone(),
-        None => {
-            let model_name = model.file_name().unwrap_or_default().to_string_lossy();
-            let mut name = args.corpus.file_name().unwrap_or_default().to_os_string();
-            let kind = match storage {
-                grove_dense::Storage::F32 => "flat",
-                grove_dense::Storage::F16 => "fp16",
-            };
-            name.push(format!(".{model_name}.{kind}.index"));
-            args.corpus.with_file_name(name)
-        }
+        None => grove_env_server::search::dense::default_index_path(&args.corpus, model, storage),
     };
     let metric = match args.metric {
         MetricArg::InnerProduct => Metric::InnerProduct,
@@ -442,7 +397,8 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
     if grove_dense::FlatIndex::open(&out).is_ok() {
         eprintln!("{} exists; remove it to encode the corpus again", out.display());
     } else {
-        write_dense_index(&encoder, &args.corpus, &out, metric, storage, args.batch_size)?;
+        write_dense_index(&encoder, &args.corpus, &out, metric, storage, args.batch_size)
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     if args.hnsw {
         let flat = grove_dense::FlatIndex::open(&out)?;
@@ -458,8 +414,8 @@ fn build_dense_index(args: &IndexArgs) -> Result<()> {
     Ok(())
 }
 
-/// Encode every passage of `corpus` with `encoder` into a FAISS flat index at `out`, resuming
-/// `<out>.partial` when an earlier run left one. Returns the number of vectors.
+/// [`grove_env_server::search::dense::write_flat_index`] with a progress bar and a summary line.
+/// Returns the number of vectors.
 #[cfg(feature = "dense")]
 pub(crate) fn write_dense_index(
     encoder: &grove_dense::Encoder,
@@ -469,90 +425,40 @@ pub(crate) fn write_dense_index(
     storage: grove_dense::Storage,
     batch_size: usize,
 ) -> Result<usize> {
-    use grove_dense::{FlatWriter, TextKind};
-    let mut writer = FlatWriter::create_or_resume_as(out, encoder.dim(), metric, storage)?;
-    let done = writer.rows() as u64;
-    let total = std::fs::metadata(corpus).with_context(|| format!("{}", corpus.display()))?.len();
-    let bar = indicatif::ProgressBar::new(total);
+    use grove_env_server::search::dense::{WriteProgress, write_flat_index};
+    let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("encoding {bar:40} {bytes}/{total_bytes} {msg} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    if done > 0 {
-        eprintln!("resuming {}: {done} passages already encoded", out.display());
-    }
-    let started = std::time::Instant::now();
-    let mut batch: Vec<String> = Vec::with_capacity(batch_size * 4);
-    let (mut seen, mut bytes) = (0u64, 0u64);
-    let flush = |batch: &mut Vec<String>, writer: &mut FlatWriter| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let texts: Vec<&str> = batch.iter().map(String::as_str).collect();
-        writer.append(&encoder.encode(&texts, TextKind::Passage)?)?;
-        writer.sync()?;
-        batch.clear();
-        Ok(())
+    let mut show = |p: WriteProgress| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.bytes_read);
+        bar.set_message(format!("{} passages", p.rows));
     };
-    // The `contents` field exactly as the corpus has it (Search-R1 encodes it so), one row per
-    // non-empty line, as the server's corpus reader counts rows.
-    #[derive(serde::Deserialize)]
-    struct Row {
-        contents: String,
-    }
-    let reader = std::io::BufReader::with_capacity(
-        1 << 20,
-        std::fs::File::open(corpus).with_context(|| format!("open {}", corpus.display()))?,
-    );
-    for (i, line) in std::io::BufRead::lines(reader).enumerate() {
-        let line = line.with_context(|| format!("{}: line {}", corpus.display(), i + 1))?;
-        bytes += line.len() as u64 + 1;
-        if line.trim_ascii().is_empty() {
-            continue;
-        }
-        seen += 1;
-        if seen <= done {
-            continue;
-        }
-        let row: Row = serde_json::from_str(&line)
-            .with_context(|| format!("{}: line {}: not a wiki-18 passage", corpus.display(), i + 1))?;
-        batch.push(row.contents);
-        // Several forward passes per write: the encoder sorts each call by length.
-        if batch.len() == batch_size * 4 {
-            flush(&mut batch, &mut writer)?;
-            bar.set_position(bytes.min(total));
-            bar.set_message(format!("{} passages", writer.rows()));
-        }
-    }
-    flush(&mut batch, &mut writer)?;
+    let report = write_flat_index(encoder, corpus, out, metric, storage, batch_size, &mut show)?;
     bar.finish_and_clear();
-    let rows = writer.rows();
-    let path = writer.finish()?;
-    let secs = started.elapsed().as_secs_f64();
+    if report.resumed > 0 {
+        eprintln!("resumed {}: {} passages had been encoded", out.display(), report.resumed);
+    }
     eprintln!(
-        "wrote {} ({rows} vectors of dimension {}, {:?}); encoded {} passages in {secs:.1} s ({:.1}/s)",
-        path.display(),
-        encoder.dim(),
-        metric,
-        seen.saturating_sub(done),
-        seen.saturating_sub(done) as f64 / secs.max(1e-9)
+        "wrote {} ({} vectors of dimension {}, {metric:?}); encoded {} passages in {:.1} s ({:.1}/s)",
+        report.path.display(),
+        report.rows,
+        report.dim,
+        report.encoded,
+        report.secs,
+        report.encoded as f64 / report.secs.max(1e-9)
     );
-    Ok(rows)
+    Ok(report.rows)
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let config = load_config(&args)?;
-    let backends = match config.backend {
-        BackendKind::Local => {
-            // The callback holds the bar's one handle: the bar is cleared when the build's task
-            // ends and drops it, before the index is reported ready.
-            let bar = index_bar().with_finish(indicatif::ProgressFinish::AndClear);
-            local_backends(&config, move |p| show_index_progress(&bar, p)).await?
-        }
-        BackendKind::Remote => remote_backends(&config).await?,
-        BackendKind::Web => web_backends(&config).await?,
-        BackendKind::Dense | BackendKind::Hybrid => dense_backends(&config).await?,
-    };
+    // The callback holds the bar's one handle: the bar is cleared when the index build's task
+    // ends and drops it, before the index is reported ready.
+    let bar = index_bar().with_finish(indicatif::ProgressFinish::AndClear);
+    let backends = grove_env_server::backends::build(&config, move |p| show_index_progress(&bar, p)).await?;
     let listener = tokio::net::TcpListener::bind(config.bind).await.with_context(|| format!("bind {}", config.bind))?;
     if config.resolved_token().is_none() && !config.bind.ip().is_loopback() {
         tracing::warn!("listening on a non-loopback address without a token");

@@ -1,10 +1,10 @@
-//! trainer/src/gguf.rs on arbitrary bytes (included by path: grove-trainer links libtorch).
+//! trainer/src/engine/gguf.rs on arbitrary bytes (included by path: grove-trainer links libtorch).
 //! `parse` must error on anything it cannot read, never panic or allocate what the file cannot
 //! hold; every tensor of a parsed file must dequantise to exactly its element count.
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../../trainer/src/gguf.rs"]
+#[path = "../../trainer/src/engine/gguf.rs"]
 mod gguf;
 
 use gguf::{Gguf, MetaValue};

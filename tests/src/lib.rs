@@ -56,8 +56,8 @@ impl WorldServer {
 /// SFT) that searches and answers, sometimes right: a policy whose rollouts earn rewards.
 #[derive(Debug)]
 pub struct AnsweringPolicy {
-    pub world: grove_trainer::world::WorldFiles,
-    pub spec: grove_trainer::world::WorldSpec,
+    pub world: grove_trainer::support::world::WorldFiles,
+    pub spec: grove_trainer::support::world::WorldSpec,
     pub policy: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -66,12 +66,12 @@ pub struct AnsweringPolicy {
 pub fn answering_policy() -> &'static AnsweringPolicy {
     static POLICY: std::sync::OnceLock<AnsweringPolicy> = std::sync::OnceLock::new();
     POLICY.get_or_init(|| {
-        use grove_trainer::warmstart::{WarmStart, warm_start};
+        use grove_trainer::workflows::warmstart::{WarmStart, warm_start};
         let dir = tempfile::tempdir().unwrap();
-        let spec = grove_trainer::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 8 };
+        let spec = grove_trainer::support::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 8 };
         let world = spec.write(&dir.path().join("world")).unwrap();
         let server = WorldServer::start(&spec.world());
-        let env = grove_trainer::env::EnvClient::connect(&server.url, Default::default()).unwrap();
+        let env = grove_trainer::rl::env::EnvClient::connect(&server.url, Default::default()).unwrap();
         let made = warm_start(&env, &world, &dir.path().join("policy"), &WarmStart::tiny()).unwrap();
         assert!(made.sft.nll_after.unwrap() < made.sft.nll_before.unwrap(), "SFT learned: {:?}", made.sft);
         AnsweringPolicy { world, spec, policy: made.policy, _dir: dir }
@@ -88,11 +88,11 @@ pub fn tiny_config_json(vocab: usize) -> String {
 }
 
 /// A freshly initialised tiny Qwen2 policy, the same weights every time.
-pub fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, grove_trainer::model::CausalLm) {
+pub fn tiny_policy(vocab: usize) -> (tch::nn::VarStore, grove_trainer::engine::model::CausalLm) {
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let config = grove_trainer::model::ModelConfig::from_json(&tiny_config_json(vocab)).unwrap();
-    let lm = grove_trainer::model::CausalLm::new(&vs.root(), config);
-    grove_trainer::model::init_normal(&vs, 0, 0.02);
+    let config = grove_trainer::engine::model::ModelConfig::from_json(&tiny_config_json(vocab)).unwrap();
+    let lm = grove_trainer::engine::model::CausalLm::new(&vs.root(), config);
+    grove_trainer::engine::model::init_normal(&vs, 0, 0.02);
     (vs, lm)
 }
 
@@ -121,15 +121,15 @@ impl std::ops::Deref for CutProxy {
 
 /// The agent settings of the rollout tests: 2 tool turns, short observations and 10 new tokens
 /// per turn, sampled at T = 1 without truncation.
-pub fn tiny_agent_config() -> grove_trainer::rollout::agent::AgentConfig {
-    grove_trainer::rollout::agent::AgentConfig {
+pub fn tiny_agent_config() -> grove_trainer::rl::rollout::agent::AgentConfig {
+    grove_trainer::rl::rollout::agent::AgentConfig {
         max_turns: 2,
         max_obs_tokens: 48,
         max_response_tokens: 4096,
-        sampling: grove_trainer::generate::SamplingParams {
+        sampling: grove_trainer::engine::generate::SamplingParams {
             max_new_tokens: 10,
             top_p: 1.0,
-            ..grove_trainer::generate::SamplingParams::default()
+            ..grove_trainer::engine::generate::SamplingParams::default()
         },
         prompt_template: None,
         max_context: 4096,

@@ -11,10 +11,12 @@
 //! ```
 //! ````
 //!
-//! The rules: every top-level module of the folder (a file or a folder directly in it, the crate
-//! roots aside) is in exactly one layer; a module uses modules of its own layer or below, never
-//! above; and there is no cycle, neither between top-level modules nor between files (a folder's
-//! `mod.rs` and the files inside it are one module to the rest, and may use each other). A file's
+//! A layer's members are module paths at any depth (`engine`, `rl/train`): a wing folder may be
+//! one member, or hold members of several layers. The rules: every module of the folder is held by
+//! exactly one member (the longest that holds it; the crate roots, and a folder that only groups
+//! members, aside); a member uses members of its own layer or below, never above; and there is no
+//! cycle, neither between members nor between files (a folder's `mod.rs` and the files inside it
+//! are one module to the rest, and may use each other). A file's
 //! test module (from its `#[cfg(test)]` on) and comments are not read. Each finding names the
 //! file, the path it uses and the rule.
 
@@ -146,27 +148,35 @@ pub fn check_crate(root: &Path, src: &str, layers: &Layers) -> Result<Vec<String
     files.sort();
     let modules: HashMap<Vec<String>, String> = files.iter().map(|f| (module_of(f), f.clone())).collect();
     let mut findings = Vec::new();
-    // Each top-level module in exactly one layer.
-    let tops: BTreeSet<String> = modules.keys().filter_map(|m| m.first().cloned()).collect();
-    let mut layer_of: HashMap<&str, usize> = HashMap::new();
+    // The layers' members: module paths at any depth (`engine`, `rl/train`), each in one layer.
+    let mut layer_of: HashMap<Vec<String>, usize> = HashMap::new();
     for (rank, (name, members)) in layers.iter().enumerate() {
         for m in members {
-            if layer_of.insert(m, rank).is_some() {
+            let path: Vec<String> = m.split('/').map(str::to_string).collect();
+            if !modules.keys().any(|k| k.starts_with(&path)) {
+                findings.push(format!("{src}: layer {name} names `{m}`, which is no module there"));
+            }
+            if layer_of.insert(path, rank).is_some() {
                 findings.push(format!("{src}: module `{m}` is in two layers of ARCHITECTURE.md (the second: {name})"));
             }
-            if !tops.contains(m) {
-                findings.push(format!("{src}: layer {name} names `{m}`, which is no top-level module there"));
-            }
         }
     }
-    for t in &tops {
-        if !layer_of.contains_key(t.as_str()) {
-            findings.push(format!(
-                "{src}: top-level module `{t}` is in no layer of ARCHITECTURE.md's `layers {src}` block"
-            ));
+    // A module's unit: the longest member that holds it. A folder that only groups members (a
+    // wing's `mod.rs`) has none and is one with each of them.
+    let unit_of = |m: &[String]| -> Option<Vec<String>> {
+        (1..=m.len()).rev().map(|k| m[..k].to_vec()).find(|p| layer_of.contains_key(p))
+    };
+    let mut unplaced = BTreeSet::new();
+    for m in modules.keys() {
+        let groups_members = layer_of.keys().any(|l| l.len() > m.len() && l.starts_with(m));
+        if !m.is_empty() && unit_of(m).is_none() && !groups_members {
+            unplaced.insert(m.join("/"));
         }
     }
-    // Edges between files, and between top-level modules.
+    for m in unplaced {
+        findings.push(format!("{src}: module `{m}` is in no layer of ARCHITECTURE.md's `layers {src}` block"));
+    }
+    // Edges between files, and between units.
     let mut file_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut top_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for rel in &files {
@@ -183,14 +193,13 @@ pub fn check_crate(root: &Path, src: &str, layers: &Layers) -> Result<Vec<String
                 continue;
             }
             file_edges.entry(rel.clone()).or_default().insert(modules[&target].clone());
-            let (from, to) = (&me[0], &target[0]);
+            let (Some(from), Some(to)) = (unit_of(&me), unit_of(&target)) else { continue };
             if from == to {
                 continue;
             }
-            top_edges.entry(from.clone()).or_default().insert(to.clone());
-            if let (Some(&a), Some(&b)) = (layer_of.get(from.as_str()), layer_of.get(to.as_str()))
-                && b < a
-            {
+            top_edges.entry(from.join("/")).or_default().insert(to.join("/"));
+            let (a, b) = (layer_of[&from], layer_of[&to]);
+            if b < a {
                 findings.push(format!(
                     "{src}/{rel}: uses `crate::{}`, in layer {} above its own ({}); move the code down or the arrow's other end up",
                     path.join("::"),
@@ -353,5 +362,42 @@ mod tests {
         let dir = plant(&[clean[0], clean[1], clean[2], clean[3], clean[4], ("extra.rs", "//! E.")]);
         let findings = check_crate(dir.path(), "src", &layers).unwrap();
         assert!(findings.iter().any(|f| f.contains("`extra` is in no layer")), "{findings:?}");
+    }
+
+    /// Members inside a wing folder: the wing's `mod.rs` only groups them, and each keeps its layer.
+    #[test]
+    fn members_inside_a_wing_keep_their_layers() {
+        let map = "```layers src\nhigh: rl/train\nmid: rl/rows\nlow: engine\n```\n";
+        let layers = blocks(map).remove(0).1;
+        let clean = [
+            ("lib.rs", "//! Root.\npub mod engine;\npub mod rl;"),
+            ("engine/mod.rs", "//! Engine.\npub mod model;"),
+            ("engine/model.rs", "//! Model.\npub struct M;"),
+            ("rl/mod.rs", "//! RL.\npub mod rows;\npub mod train;"),
+            ("rl/rows.rs", "//! Rows.\nuse crate::engine::model::M;"),
+            ("rl/train.rs", "//! Train.\nuse crate::rl::rows::R;\nuse super::rows::S;"),
+        ];
+        let dir = plant(&clean);
+        assert_eq!(check_crate(dir.path(), "src", &layers).unwrap(), Vec::<String>::new());
+        // rows (mid) reaching up to train (high), inside one wing.
+        let dir = plant(&[
+            clean[0],
+            clean[1],
+            clean[2],
+            clean[3],
+            clean[5],
+            ("rl/rows.rs", "//! Rows.\nuse super::train::T;"),
+        ]);
+        let findings = check_crate(dir.path(), "src", &layers).unwrap();
+        assert!(findings.iter().any(|f| f.contains("src/rl/rows.rs: uses `crate::rl::train::T`")), "{findings:?}");
+        // A module of the wing that no member holds.
+        let dir = plant(&[clean[0], clean[1], clean[2], clean[3], clean[4], clean[5], ("rl/env.rs", "//! Env.")]);
+        let findings = check_crate(dir.path(), "src", &layers).unwrap();
+        assert!(findings.iter().any(|f| f.contains("`rl/env` is in no layer")), "{findings:?}");
+        // A member that names nothing.
+        let layers = blocks("```layers src\nhigh: rl/train, rl/gone\nmid: rl/rows\nlow: engine\n```\n").remove(0).1;
+        let dir = plant(&clean);
+        let findings = check_crate(dir.path(), "src", &layers).unwrap();
+        assert!(findings.iter().any(|f| f.contains("names `rl/gone`")), "{findings:?}");
     }
 }

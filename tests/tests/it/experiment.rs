@@ -3,13 +3,13 @@
 //! the table, results and plots written.
 
 use grove_tests::WorldServer;
-use grove_trainer::experiment::{
+use grove_trainer::engine::scratch::{SmallModel, init_model, train_bpe};
+use grove_trainer::measure::experiment::{
     Arm, ExperimentConfig, LrSweep, Regime, comparisons, format_table, outputs, run_experiment, table_rows,
 };
-use grove_trainer::method::Method;
-use grove_trainer::scratch::{SmallModel, init_model, train_bpe};
-use grove_trainer::train::{EnvUrls, TrainConfig};
-use grove_trainer::world::{WorldFiles, WorldSpec};
+use grove_trainer::rl::method::Method;
+use grove_trainer::rl::train::{EnvUrls, TrainConfig};
+use grove_trainer::support::world::{WorldFiles, WorldSpec};
 
 #[test]
 fn chain_and_tree_arms_train_evaluate_and_tabulate() {
@@ -47,7 +47,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
             eval_every: 1,
             eval_sampled: false,
             save_every: 0,
-            device: grove_trainer::device::DeviceRequest::Cpu,
+            device: grove_trainer::engine::device::DeviceRequest::Cpu,
             ..TrainConfig::default()
         },
         seeds: vec![0, 1],
@@ -55,7 +55,10 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         regimes: vec![Regime { name: "start".into(), model, note: "random init".into() }],
         lr_sweep: Some(LrSweep { lrs: vec![1e-4, 1e-3], seeds: vec![7], budget: None, judge_last: 1.0 }),
         record: Some(dir.path().join("record")),
-        analysis: Some(grove_trainer::experiment::analysis::Analysis { last_evals: 1, no_effect_margin: 0.03 }),
+        analysis: Some(grove_trainer::measure::experiment::analysis::Analysis {
+            last_evals: 1,
+            no_effect_margin: 0.03,
+        }),
         report_only: false,
     };
     let results = run_experiment(&cfg, false).unwrap();
@@ -98,7 +101,7 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
         let steps: Vec<_> =
             regime.runs.iter().filter(|r| r.arm == arm).flat_map(|r| r.summary.metrics.iter()).collect();
         assert_eq!(steps.len(), 2, "1 step x 2 seeds");
-        let mean = |f: &dyn Fn(&grove_trainer::train::StepMetrics) -> u64| {
+        let mean = |f: &dyn Fn(&grove_trainer::rl::train::StepMetrics) -> u64| {
             steps.iter().map(|m| f(m) as f64).sum::<f64>() / steps.len() as f64 / 2.0
         };
         assert_eq!(row.generated_tokens_per_prompt, mean(&|m| m.generated_tokens));
@@ -157,15 +160,18 @@ fn chain_and_tree_arms_train_evaluate_and_tabulate() {
     let reported = run_experiment(&report, false).unwrap();
     assert_eq!(reported.regimes[0].runs.len(), 4, "seed 2 has no run and none is trained");
     assert!(!out.join("start/chain-n-2/seed-2").exists());
-    let a =
-        grove_trainer::experiment::analysis::analyse(&report, &reported.regimes[0], report.analysis.as_ref().unwrap());
+    let a = grove_trainer::measure::experiment::analysis::analyse(
+        &report,
+        &reported.regimes[0],
+        report.analysis.as_ref().unwrap(),
+    );
     assert_eq!(a[0].pairs.len(), 2);
     let mut other = cfg;
     other.train.kl_coef = 0.5;
     let e = format!("{:#}", run_experiment(&other, false).unwrap_err());
     assert!(e.contains("other settings"), "{e}");
     // Every episode the runs opened was closed.
-    let env = grove_trainer::env::EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let env = grove_trainer::rl::env::EnvClient::connect(&srv.url, Default::default()).unwrap();
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
 }
 
@@ -200,7 +206,7 @@ estimator = "tree_inter"
         arms: vec![Arm {
             label: None,
             method: Method::chain(4),
-            estimator: Some(grove_trainer::algo::advantage::Estimator::Tree),
+            estimator: Some(grove_trainer::rl::algo::advantage::Estimator::Tree),
         }],
         ..ExperimentConfig::default()
     };

@@ -11,11 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use grove_datasets::synthetic::{SyntheticQuestion, World, WorldConfig};
 use grove_tests::WorldServer;
-use grove_trainer::env::EnvClient;
-use grove_trainer::openai::{
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::workflows::openai::{
     Message, Mode, OpenAiError, OpenAiEvalConfig, OpenAiEvalError, OpenAiPolicy, evaluate_openai,
 };
-use grove_trainer::scripted::task_of;
+use grove_trainer::workflows::scripted::task_of;
 
 /// A reply: status, extra headers, body.
 type Reply = (u16, Vec<(&'static str, String)>, String);
@@ -248,7 +248,7 @@ fn oracle_agent_scores_one_with_one_search_per_hop() {
     // One model call per search plus the answer.
     assert_eq!(model.hits(), 6 * 3 + 6 * 4);
     // The table prints like the native one.
-    let table = grove_trainer::eval::format_report(&report);
+    let table = grove_trainer::workflows::eval::format_report(&report);
     assert!(table.contains("synthetic_3hop") && table.contains("1.000"), "{table}");
     // Every episode was closed.
     let env = EnvClient::connect(&srv.url, Default::default()).unwrap();

@@ -5,13 +5,13 @@
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_tests::{WorldServer, tiny_agent_config, tiny_policy};
-use grove_trainer::env::EnvClient;
-use grove_trainer::generate::{Engine, SamplingParams};
-use grove_trainer::method::{Method, TreeShape};
-use grove_trainer::rollout::agent::{AgentConfig, Rollout};
-use grove_trainer::rollout::leaves::training_rows;
-use grove_trainer::scripted::task_of;
-use grove_trainer::tokenizer::Tokenizer;
+use grove_trainer::engine::generate::{Engine, SamplingParams};
+use grove_trainer::engine::tokenizer::Tokenizer;
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::rl::method::{Method, TreeShape};
+use grove_trainer::rl::rollout::agent::{AgentConfig, Rollout};
+use grove_trainer::rl::rollout::leaves::training_rows;
+use grove_trainer::workflows::scripted::task_of;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -148,7 +148,7 @@ fn tree_and_chain_rollouts_against_a_real_env_server() {
 
 #[test]
 fn budget_of_tree_and_chain_rollouts() {
-    use grove_trainer::budget::{compare, format_rows};
+    use grove_trainer::measure::budget::{compare, format_rows};
     let tok_dir = assets::qwen25_tokenizer_dir();
     assert!(tok_dir.join("tokenizer.json").exists(), "run `cargo xtask assets`");
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();

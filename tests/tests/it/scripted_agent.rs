@@ -3,8 +3,8 @@
 
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_tests::WorldServer;
-use grove_trainer::env::EnvClient;
-use grove_trainer::scripted::{ScriptConfig, play};
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::workflows::scripted::{ScriptConfig, play};
 
 #[test]
 fn scripted_agent_plays_the_world() {

@@ -15,19 +15,19 @@ use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
 use grove_rundir::{RunDir, TrainState};
 use grove_tests::{WorldServer, answering_policy, tiny_config_json, tiny_policy};
-use grove_trainer::algo::advantage::Estimator;
-use grove_trainer::algo::schedule::WarmupConstant;
-use grove_trainer::algo::update::UpdateConfig;
-use grove_trainer::env::EnvClient;
-use grove_trainer::generate::SamplingParams;
-use grove_trainer::method::Method;
-use grove_trainer::model::load_model;
-use grove_trainer::optim::{AdamW, AdamWConfig};
-use grove_trainer::rollout::agent::AgentConfig;
-use grove_trainer::scripted::task_of;
-use grove_trainer::tokenizer::Tokenizer;
-use grove_trainer::train::checkpoint;
-use grove_trainer::train::{StepConfig, train_step};
+use grove_trainer::engine::generate::SamplingParams;
+use grove_trainer::engine::model::load_model;
+use grove_trainer::engine::optim::{AdamW, AdamWConfig};
+use grove_trainer::engine::tokenizer::Tokenizer;
+use grove_trainer::rl::algo::advantage::Estimator;
+use grove_trainer::rl::algo::schedule::WarmupConstant;
+use grove_trainer::rl::algo::update::UpdateConfig;
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::rl::method::Method;
+use grove_trainer::rl::rollout::agent::AgentConfig;
+use grove_trainer::rl::train::checkpoint;
+use grove_trainer::rl::train::{StepConfig, train_step};
+use grove_trainer::workflows::scripted::task_of;
 
 fn params(vs: &tch::nn::VarStore) -> Vec<f32> {
     let mut v: Vec<_> = vs.variables().into_iter().collect();
@@ -175,7 +175,7 @@ fn answering_config(method: Method, temperature: f64) -> StepConfig {
 
 fn answering_tasks() -> Vec<grove_protocol::TaskSpec> {
     let p = answering_policy();
-    grove_trainer::data::load_tasks(&p.world.train(), "synthetic").unwrap()
+    grove_trainer::support::data::load_tasks(&p.world.train(), "synthetic").unwrap()
 }
 
 #[test]
@@ -200,24 +200,24 @@ fn rewards_recomputed_from_the_trained_tokens_agree_with_the_server() {
     assert!(rewards.iter().any(|r| *r < 1.0), "{rewards:?}");
 
     // A server reward that disagrees with the tokens is caught.
-    use grove_trainer::generate::Engine;
-    use grove_trainer::rollout::agent::Rollout;
+    use grove_trainer::engine::generate::Engine;
+    use grove_trainer::rl::rollout::agent::Rollout;
     use rand::SeedableRng;
     let mut engine = Engine::new(&lm);
     let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &cfg.agent, cost: Default::default() };
     let mut rollout =
         r.run(&tasks[0], Method::chain(4).shape(), &mut rand_chacha::ChaCha8Rng::seed_from_u64(1)).unwrap();
-    assert_eq!(grove_trainer::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 0);
+    assert_eq!(grove_trainer::rl::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 0);
     let leaf = rollout.trees[0].leaves()[0];
     let mut steps: Vec<_> = rollout.trees[0].path(leaf).into_iter().cloned().collect();
     let last = steps.last_mut().unwrap();
     let outcome = last.outcome.as_mut().unwrap();
     outcome.score += 0.5;
-    let mut tampered = grove_trainer::rollout::tree::Tree::new();
+    let mut tampered = grove_trainer::rl::rollout::tree::Tree::new();
     let n = steps.len();
     tampered.add_chain(0, steps.into_iter().enumerate().map(|(i, s)| (s, i + 1 == n)).collect()).unwrap();
     rollout.trees[0] = tampered;
-    assert_eq!(grove_trainer::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 1);
+    assert_eq!(grove_trainer::rl::train::step::reward_mismatches(&tok, &tasks[0], &rollout).unwrap(), 1);
     rollout.release(&mut engine);
     env.close(&rollout.episodes).unwrap();
 }

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 
 use grove_rundir::RunDir;
 use grove_tests::{WorldServer, answering_policy};
-use grove_trainer::device::DeviceRequest;
-use grove_trainer::method::Method;
-use grove_trainer::train::{EnvUrls, RunOptions, TrainConfig, run};
+use grove_trainer::engine::device::DeviceRequest;
+use grove_trainer::rl::method::Method;
+use grove_trainer::rl::train::{EnvUrls, RunOptions, TrainConfig, run};
 use grove_view::browser_check::{check_page, chromium};
 
 #[test]

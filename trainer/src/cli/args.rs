@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use grove_trainer::data::{EvalSelection, load_tasks_where, select};
-use grove_trainer::device::{DeviceRequest, Placement, Precision, place_with};
-use grove_trainer::env::EnvClient;
-use grove_trainer::generate::SamplingParams;
-use grove_trainer::method::Method;
-use grove_trainer::model::{CausalLm, load_model};
-use grove_trainer::rollout::agent::AgentConfig;
-use grove_trainer::tokenizer::Tokenizer;
+use grove_trainer::engine::device::{DeviceRequest, Placement, Precision, place_with};
+use grove_trainer::engine::generate::SamplingParams;
+use grove_trainer::engine::model::{CausalLm, load_model};
+use grove_trainer::engine::tokenizer::Tokenizer;
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::rl::method::Method;
+use grove_trainer::rl::rollout::agent::AgentConfig;
+use grove_trainer::support::data::{EvalSelection, load_tasks_where, select};
 
 /// A model folder and where to run it.
 #[derive(Debug, Args)]

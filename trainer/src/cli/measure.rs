@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use grove_trainer::bench::{BenchOptions, BenchRow};
-use grove_trainer::method::Method;
-use grove_trainer::optim::OptimState;
+use grove_trainer::engine::optim::OptimState;
+use grove_trainer::measure::bench::{BenchOptions, BenchRow};
+use grove_trainer::rl::method::Method;
 
 use super::args::{ModelArgs, RolloutArgs, load};
 
@@ -23,8 +23,15 @@ impl BudgetArgs {
     pub(super) fn run(self) -> Result<()> {
         let l = self.model.load()?;
         let (client, tasks, agent) = self.rollout.resolve()?.context("trainer budget needs --env and --data")?;
-        let rows = grove_trainer::budget::compare((&l.lm, &l.tok), &client, &tasks, &agent, &self.rollout.methods, 0)?;
-        print!("{}", grove_trainer::budget::format_rows(&rows));
+        let rows = grove_trainer::measure::budget::compare(
+            (&l.lm, &l.tok),
+            &client,
+            &tasks,
+            &agent,
+            &self.rollout.methods,
+            0,
+        )?;
+        print!("{}", grove_trainer::measure::budget::format_rows(&rows));
         Ok(())
     }
 }
@@ -97,13 +104,14 @@ impl BenchArgs {
     pub(super) fn run(self) -> Result<()> {
         let l = self.model.load()?;
         if let Some(shape) = &self.train_step {
-            use grove_trainer::algo::update::LogitsPath;
+            use grove_trainer::rl::algo::update::LogitsPath;
             let shape = batch_by_len("--train-step", shape)?;
             let path = match self.logits {
                 LogitsArg::Chunked => LogitsPath::Chunked(512),
                 LogitsArg::Full => LogitsPath::Full,
             };
-            let row = grove_trainer::bench::train_step(&l.lm, &l.vs, shape, (path, self.checkpoint), self.repeats);
+            let row =
+                grove_trainer::measure::bench::train_step(&l.lm, &l.vs, shape, (path, self.checkpoint), self.repeats);
             self.print(vec![row]);
             return Ok(());
         }
@@ -124,10 +132,10 @@ impl BenchArgs {
             "threads",
             format!("{:?}, {}", l.placement.device, self.model.model.display()),
         )];
-        rows.extend(grove_trainer::bench::run(&l.lm, &l.tok, &opts).rows);
+        rows.extend(grove_trainer::measure::bench::run(&l.lm, &l.tok, &opts).rows);
         if let Some(shape) = &self.train_memory {
             let (b, t) = batch_by_len("--train-memory", shape)?;
-            match grove_trainer::bench::train_memory(b, t) {
+            match grove_trainer::measure::bench::train_memory(b, t) {
                 Some(r) => rows.extend(r),
                 None => eprintln!("training memory: /proc/self/status or clear_refs unavailable, not measured"),
             }
@@ -140,7 +148,7 @@ impl BenchArgs {
                 let policy =
                     self.policy.as_deref().map(|p| load(p, self.model.device, self.model.precision)).transpose()?;
                 let (plm, ptok) = policy.as_ref().map_or((&l.lm, &l.tok), |p| (&p.lm, &p.tok));
-                let budget = grove_trainer::bench::budget_rows(
+                let budget = grove_trainer::measure::bench::budget_rows(
                     (plm, ptok),
                     &client,
                     &tasks,
@@ -157,7 +165,7 @@ impl BenchArgs {
                 ));
                 rows.extend(budget);
             }
-            None => rows.extend(grove_trainer::bench::budget_arithmetic(
+            None => rows.extend(grove_trainer::measure::bench::budget_arithmetic(
                 tree,
                 self.rollout.agent.max_turns,
                 self.rollout.sampling.max_new_tokens,
@@ -193,8 +201,8 @@ pub(super) struct ParityArgs {
 
 impl ParityArgs {
     pub(super) fn run(self) -> Result<()> {
-        let placement = grove_trainer::device::place_with(self.model.device, self.model.precision)?;
-        let r = grove_trainer::parity::check(&self.model.model, placement)?;
+        let placement = grove_trainer::engine::device::place_with(self.model.device, self.model.precision)?;
+        let r = grove_trainer::engine::parity::check(&self.model.model, placement)?;
         if self.json {
             println!("{}", serde_json::to_string(&r)?);
         } else {
@@ -240,7 +248,7 @@ pub(super) struct PlanArgs {
     model: Option<PathBuf>,
     /// A built-in shape instead of a folder.
     #[arg(long, value_enum)]
-    shape: Option<grove_trainer::plan::Shape>,
+    shape: Option<grove_trainer::engine::plan::Shape>,
     /// Weights in bf16 (CUDA) or f32.
     #[arg(long, value_enum, default_value = "bf16")]
     precision: PlanPrecision,
@@ -285,7 +293,7 @@ pub(super) enum PlanPrecision {
 
 impl PlanArgs {
     pub(super) fn run(self) -> Result<()> {
-        use grove_trainer::plan::{Shapes, plan};
+        use grove_trainer::engine::plan::{Shapes, plan};
         if !(0.0..1.0).contains(&self.headroom) || !self.card_gib.is_finite() || self.card_gib <= 0.0 {
             bail!("--headroom must be in [0, 1) and --card-gib above 0");
         }
@@ -296,7 +304,8 @@ impl PlanArgs {
             (Some(dir), _) => {
                 let path = dir.join("config.json");
                 let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-                grove_trainer::model::ModelConfig::from_json(&text).with_context(|| path.display().to_string())?
+                grove_trainer::engine::model::ModelConfig::from_json(&text)
+                    .with_context(|| path.display().to_string())?
             }
             (None, Some(shape)) => shape.config(),
             (None, None) => bail!("give --model or --shape"),

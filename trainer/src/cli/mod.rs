@@ -73,7 +73,7 @@ enum Command {
 
 impl Cli {
     pub fn run(self) -> Result<()> {
-        grove_trainer::device::pin_threads(self.threads);
+        grove_trainer::engine::device::pin_threads(self.threads);
         // Off a terminal every long command says it is alive at least every 30 s.
         let _alive = match &self.command {
             Command::Generate(_) | Command::ImportGguf(_) | Command::World(_) | Command::View(_) | Command::Plan(_) => {

@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use grove_trainer::algo::advantage::Estimator;
-use grove_trainer::generate::{Engine, SamplingParams};
-use grove_trainer::method::Method;
-use grove_trainer::tokenizer::ChatMessage;
-use grove_trainer::train::{RunOptions, TrainConfig};
+use grove_trainer::engine::generate::{Engine, SamplingParams};
+use grove_trainer::engine::tokenizer::ChatMessage;
+use grove_trainer::rl::algo::advantage::Estimator;
+use grove_trainer::rl::method::Method;
+use grove_trainer::rl::train::{RunOptions, TrainConfig};
 
 use super::args::ModelArgs;
 
@@ -114,7 +114,7 @@ impl TrainArgs {
             cfg.steps
         );
         let opts = RunOptions { resume: self.resume, progress: true, label: "train".into() };
-        let summary = grove_trainer::train::run(&cfg, &opts)?;
+        let summary = grove_trainer::rl::train::run(&cfg, &opts)?;
         eprintln!("{} steps; checkpoints, metrics and plots in {}", summary.metrics.len(), summary.out_dir.display());
         Ok(())
     }
@@ -150,7 +150,7 @@ pub(super) struct ExperimentArgs {
 
 impl ExperimentArgs {
     pub(super) fn run(self) -> Result<()> {
-        use grove_trainer::experiment::{ExperimentConfig, format_table, outputs, run_experiment};
+        use grove_trainer::measure::experiment::{ExperimentConfig, format_table, outputs, run_experiment};
         let mut cfg: ExperimentConfig = match &self.config {
             Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?)
                 .with_context(|| format!("parse {}", p.display()))?,
@@ -160,14 +160,14 @@ impl ExperimentArgs {
             cfg.train.model = m;
         }
         if let Some(w) = self.world {
-            let files = grove_trainer::world::WorldFiles { dir: w };
+            let files = grove_trainer::support::world::WorldFiles { dir: w };
             cfg.train.train_data = files.train();
             cfg.train.eval_data = Some(files.test());
             cfg.train.prompt_template = Some(files.prompt());
             cfg.train.data_source = "synthetic".into();
         }
         if let Some(e) = self.env {
-            cfg.train.env = grove_trainer::train::EnvUrls(vec![e]);
+            cfg.train.env = grove_trainer::rl::train::EnvUrls(vec![e]);
         }
         if let Some(o) = self.out {
             cfg.train.out_dir = o;

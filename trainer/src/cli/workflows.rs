@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use grove_trainer::env::EnvClient;
-use grove_trainer::eval::{EVAL_BATCH, evaluate, format_report};
-use grove_trainer::generate::SamplingParams;
-use grove_trainer::openai::{Mode, OpenAiEvalConfig, OpenAiPolicy, evaluate_openai};
-use grove_trainer::optim::{AdamW, AdamWConfig, OptimState};
+use grove_trainer::engine::generate::SamplingParams;
+use grove_trainer::engine::optim::{AdamW, AdamWConfig, OptimState};
+use grove_trainer::rl::env::EnvClient;
+use grove_trainer::workflows::eval::{EVAL_BATCH, evaluate, format_report};
+use grove_trainer::workflows::openai::{Mode, OpenAiEvalConfig, OpenAiPolicy, evaluate_openai};
 
 use super::args::{AgentArgs, DataArgs, EnvArgs, ModelArgs, OutArgs, load};
 
@@ -24,7 +24,7 @@ pub(super) struct ImportArgs {
 impl ImportArgs {
     pub(super) fn run(self) -> Result<()> {
         let out = &self.out.out;
-        let s = grove_trainer::import::import_gguf(&self.gguf, out)?;
+        let s = grove_trainer::engine::import::import_gguf(&self.gguf, out)?;
         println!(
             "wrote {} ({} tensors, {} parameters, vocab {}, tied embeddings: {})",
             out.display(),
@@ -56,10 +56,10 @@ pub(super) struct EvalArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     #[arg(long, default_value = "auto")]
-    device: grove_trainer::device::DeviceRequest,
+    device: grove_trainer::engine::device::DeviceRequest,
     /// Parameter precision of a native model: auto, f32 or bf16.
     #[arg(long, value_enum, default_value = "auto")]
-    precision: grove_trainer::device::Precision,
+    precision: grove_trainer::engine::device::Precision,
     /// The OpenAI-compatible server, with or without `/v1` (API key: `OPENAI_API_KEY`).
     #[arg(long, default_value = "http://127.0.0.1:8001")]
     base_url: String,
@@ -177,7 +177,9 @@ pub(super) struct SftArgs {
 
 impl SftArgs {
     pub(super) fn run(self) -> Result<()> {
-        use grove_trainer::sft::{SftConfig, SftProgress, load_trajectories, steps_per_epoch, tokenize, train};
+        use grove_trainer::workflows::sft::{
+            SftConfig, SftProgress, load_trajectories, steps_per_epoch, tokenize, train,
+        };
         let l = self.model.load()?;
         let mut trajectories = load_trajectories(&self.data)?;
         let total = trajectories.len();
@@ -240,7 +242,7 @@ impl SftArgs {
         let config = std::fs::read_to_string(model.join("config.json"))?;
         let files: Vec<PathBuf> =
             ["tokenizer.json", "tokenizer_config.json"].iter().map(|f| model.join(f)).filter(|p| p.exists()).collect();
-        grove_trainer::model::save_model(&l.vs, &config, &self.out.out, tch::Kind::Float, &files)?;
+        grove_trainer::engine::model::save_model(&l.vs, &config, &self.out.out, tch::Kind::Float, &files)?;
         println!("wrote {}", self.out.out.display());
         Ok(())
     }
@@ -274,14 +276,14 @@ pub(super) struct WarmstartArgs {
 
 impl WarmstartArgs {
     pub(super) fn run(self) -> Result<()> {
-        use grove_trainer::scripted::{ScriptConfig, play_passes};
+        use grove_trainer::workflows::scripted::{ScriptConfig, play_passes};
         for (flag, p) in [("--early-answer", self.early_answer), ("--vague-query", self.vague_query)] {
             if !(0.0..=1.0).contains(&p) {
                 bail!("{flag} {p}: a probability in [0, 1]");
             }
         }
-        let spec = grove_trainer::world::WorldSpec::read(&self.world)?;
-        let files = grove_trainer::world::WorldFiles { dir: self.world.clone() };
+        let spec = grove_trainer::support::world::WorldSpec::read(&self.world)?;
+        let files = grove_trainer::support::world::WorldFiles { dir: self.world.clone() };
         let world = spec.world();
         let (train, _) = spec.questions(&world);
         let client = EnvClient::connect(&self.env.env, Default::default())?;
@@ -322,7 +324,7 @@ pub(super) struct WorldArgs {
 
 impl WorldArgs {
     pub(super) fn run(self) -> Result<()> {
-        let spec = grove_trainer::world::WorldSpec {
+        let spec = grove_trainer::support::world::WorldSpec {
             seed: self.seed,
             scale: self.scale,
             train_per_hops: self.train,
@@ -370,7 +372,7 @@ pub(super) struct InitSmallArgs {
 
 impl InitSmallArgs {
     pub(super) fn run(self) -> Result<()> {
-        use grove_trainer::scratch::{SmallModel, init_model, tokenizer_corpus, train_bpe};
+        use grove_trainer::engine::scratch::{SmallModel, init_model, tokenizer_corpus, train_bpe};
         let template = self
             .prompt_template
             .as_ref()
@@ -386,7 +388,7 @@ impl InitSmallArgs {
                         std::fs::copy(&from, out.join(file)).with_context(|| format!("copy {}", from.display()))?;
                     }
                 }
-                grove_trainer::tokenizer::Tokenizer::from_dir(out)?.vocab_size()
+                grove_trainer::engine::tokenizer::Tokenizer::from_dir(out)?.vocab_size()
             }
             (None, Some(corpus)) => {
                 let texts = tokenizer_corpus(corpus, self.questions.as_deref(), template.as_deref())?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use grove_datasets::assets;
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_trainer::model::{CausalLm, ModelConfig, init_normal, save_model};
+use grove_trainer::engine::model::{CausalLm, ModelConfig, init_normal, save_model};
 
 pub fn tiny_model_folder(dir: &Path) {
     let tok_dir = assets::qwen25_tokenizer_dir();

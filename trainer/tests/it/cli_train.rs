@@ -144,7 +144,7 @@ fn train_resume_and_eval_from_the_command_line() {
         .output()
         .unwrap();
     assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
-    let played = grove_trainer::sft::load_trajectories(&traj).unwrap();
+    let played = grove_trainer::workflows::sft::load_trajectories(&traj).unwrap();
     assert_eq!(played.len(), 6, "3 training questions per hop count");
     assert!(played.iter().all(|t| t.prompt.starts_with("Search with <search> name </search>")));
     // Budget accounting from the command line.
@@ -204,12 +204,12 @@ fn train_resume_and_eval_from_the_command_line() {
 /// tree and each group's sum would be the sum of its rewards.
 #[test]
 fn chain_grpo_from_the_command_line_centres_every_group() {
-    use grove_trainer::warmstart::{WarmStart, warm_start};
+    use grove_trainer::workflows::warmstart::{WarmStart, warm_start};
     let work = tempfile::tempdir().unwrap();
-    let spec = grove_trainer::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 4 };
+    let spec = grove_trainer::support::world::WorldSpec { seed: 0, scale: 1, train_per_hops: 24, test_per_hops: 4 };
     let world = spec.write(&work.path().join("world")).unwrap();
     let (_server, url) = env_server(&world.corpus());
-    let env = grove_trainer::env::EnvClient::connect(&url, Default::default()).unwrap();
+    let env = grove_trainer::rl::env::EnvClient::connect(&url, Default::default()).unwrap();
     let policy = warm_start(&env, &world, &work.path().join("warm"), &WarmStart::tiny()).unwrap().policy;
     let out = work.path().join("chain");
     let config = work.path().join("chain.toml");
@@ -252,7 +252,7 @@ fn chain_grpo_from_the_command_line_centres_every_group() {
 
 #[test]
 fn sft_learns_the_actions_and_masks_the_observations() {
-    use grove_trainer::sft::{SftStep, Trajectory, evaluate_nll, load_trajectories, sft_epoch, tokenize};
+    use grove_trainer::workflows::sft::{SftStep, Trajectory, evaluate_nll, load_trajectories, sft_epoch, tokenize};
     let work = tempfile::tempdir().unwrap();
     let model = work.path().join("model");
     tiny_model_folder(&model);
@@ -278,7 +278,7 @@ fn sft_learns_the_actions_and_masks_the_observations() {
     std::fs::write(&data, lines.join("\n") + "\n").unwrap();
     assert_eq!(load_trajectories(&data).unwrap(), trajectories);
 
-    let tok = grove_trainer::tokenizer::Tokenizer::from_dir(&model).unwrap();
+    let tok = grove_trainer::engine::tokenizer::Tokenizer::from_dir(&model).unwrap();
     let rows: Vec<_> = trajectories.iter().map(|t| tokenize(&tok, t).unwrap()).collect();
     // Observation tokens carry mask 0, action tokens 1.
     let obs_len = tok.encode(&trajectories[0].steps[0].observation).unwrap().len();
@@ -286,8 +286,8 @@ fn sft_learns_the_actions_and_masks_the_observations() {
     assert_eq!(rows[0].loss_mask[..act_len], vec![1; act_len][..]);
     assert_eq!(rows[0].loss_mask[act_len..act_len + obs_len], vec![0; obs_len][..]);
 
-    let (vs, lm) = grove_trainer::model::load_model(&model, tch::Device::Cpu, tch::Kind::Float).unwrap();
-    let mut opt = grove_trainer::optim::AdamW::new(&vs, Default::default());
+    let (vs, lm) = grove_trainer::engine::model::load_model(&model, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let mut opt = grove_trainer::engine::optim::AdamW::new(&vs, Default::default());
     let before = evaluate_nll(&lm, &rows, 4);
     for _ in 0..30 {
         sft_epoch(&lm, &mut opt, &rows, (4, 1e-2, 0), &mut |_| {});
@@ -307,7 +307,7 @@ fn sft_learns_the_actions_and_masks_the_observations() {
         .status()
         .unwrap();
     assert!(status.success());
-    assert!(grove_trainer::model::load_model(&out, tch::Device::Cpu, tch::Kind::Float).is_ok());
+    assert!(grove_trainer::engine::model::load_model(&out, tch::Device::Cpu, tch::Kind::Float).is_ok());
     // A broken line is reported with its line number.
     std::fs::write(&data, format!("{}\n{{\"prompt\": 1}}\n", lines[0])).unwrap();
     assert!(load_trajectories(&data).unwrap_err().to_string().contains("sft.jsonl:2"));

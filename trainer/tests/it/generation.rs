@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use grove_trainer::generate::{Engine, Finish, SamplingParams};
-use grove_trainer::model::load_model;
-use grove_trainer::tokenizer::Tokenizer;
+use grove_trainer::engine::generate::{Engine, Finish, SamplingParams};
+use grove_trainer::engine::model::load_model;
+use grove_trainer::engine::tokenizer::Tokenizer;
 use tch::{Device, Kind, Tensor};
 
 fn golden(model: &str) -> PathBuf {
@@ -34,7 +34,7 @@ fn golden_prompt_and_output(model: &str) -> (Vec<u32>, Vec<u32>) {
     (v("greedy.prompt_ids"), v("greedy.output_ids"))
 }
 
-fn model(name: &str) -> (tch::nn::VarStore, grove_trainer::model::CausalLm) {
+fn model(name: &str) -> (tch::nn::VarStore, grove_trainer::engine::model::CausalLm) {
     load_model(&golden(name), Device::Cpu, Kind::Float).unwrap()
 }
 
@@ -154,7 +154,7 @@ fn stop_strings_eos_and_length() {
 }
 
 /// Bytes of keys and values one position takes in `lm` (f32).
-fn kv_bytes_per_token(lm: &grove_trainer::model::CausalLm) -> u64 {
+fn kv_bytes_per_token(lm: &grove_trainer::engine::model::CausalLm) -> u64 {
     let c = &lm.config;
     (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64
 }
@@ -164,7 +164,7 @@ fn kv_bytes_per_token(lm: &grove_trainer::model::CausalLm) -> u64 {
 #[cfg(feature = "bench-baseline")]
 #[test]
 fn the_engine_and_the_legacy_engine_decode_the_same_greedy_tokens() {
-    use grove_trainer::generate::legacy::LegacyEngine;
+    use grove_trainer::engine::generate::legacy::LegacyEngine;
     let tok = word_tokenizer(None);
     for name in ["qwen2-tiny", "llama3-tiny"] {
         let (_vs, lm) = model(name);
@@ -229,7 +229,7 @@ fn mixed_prompts(n: usize) -> Vec<Vec<u32>> {
 /// adds its one index upload.
 #[test]
 fn a_decode_step_makes_one_transfer() {
-    use grove_trainer::device::transfers;
+    use grove_trainer::engine::device::transfers;
     let tok = word_tokenizer(None);
     let (_vs, lm) = model("qwen2-tiny");
     let top_p = SamplingParams { stop: vec![], max_new_tokens: 12, ..SamplingParams::default() };

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use grove_trainer::logprobs::{ScoreOptions, Span, score_sequences, score_spans};
-use grove_trainer::model::load_model;
+use grove_trainer::engine::logprobs::{ScoreOptions, Span, score_sequences, score_spans};
+use grove_trainer::engine::model::load_model;
 use tch::{Device, Kind, Tensor};
 
 #[test]
@@ -102,7 +102,7 @@ fn response_spans_at_a_temperature() {
 /// one-chunk gradient. Summed in bf16 chunk by chunk, as before, it was 3.5e-3 away here.
 #[test]
 fn the_bf16_head_gradient_does_not_drift_with_the_chunking() {
-    use grove_trainer::logprobs::{TrainPass, backward_spans};
+    use grove_trainer::engine::logprobs::{TrainPass, backward_spans};
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden/qwen2-tiny");
     let prompt: Vec<u32> = vec![5, 9, 2];
     let responses: Vec<Vec<u32>> =

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use grove_trainer::model::{CausalLm, load_model, save_model, token_logprobs_and_entropy};
+use grove_trainer::engine::model::{CausalLm, load_model, save_model, token_logprobs_and_entropy};
 use tch::{Device, Kind, Tensor, nn};
 
 fn golden(model: &str) -> PathBuf {
@@ -174,7 +174,7 @@ fn save_then_load_round_trips() {
 
 #[test]
 fn missing_and_misshapen_tensors_are_named() {
-    use grove_trainer::model::WeightsError;
+    use grove_trainer::engine::model::WeightsError;
     let dir = checkpoint("llama3-tiny", "config.json");
     // Drop one tensor.
     let mut tensors = Tensor::read_safetensors(dir.path().join("model.safetensors")).unwrap();
@@ -281,7 +281,7 @@ fn the_parity_command_passes_and_fails() {
 /// the CPU a known one, at every shape the engine and the trainer run.
 #[test]
 fn libtorch_names_the_attention_kernel_of_each_pass() {
-    use grove_trainer::model::SdpaKernel;
+    use grove_trainer::engine::model::SdpaKernel;
     let (_vs, lm) = load(&golden("qwen2-tiny"));
     for (batch, new, past, padded) in [(4, 64, 0, false), (8, 1, 40, false), (8, 1, 40, true), (8, 16, 40, true)] {
         let k = lm.sdpa_kernel(batch, new, past, padded);

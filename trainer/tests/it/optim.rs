@@ -1,6 +1,6 @@
 //! Our AdamW equals libtorch's, clips and skips like the reference, and resumes exactly.
 
-use grove_trainer::optim::{AdamW, AdamWConfig, OptimState, stochastic_bf16};
+use grove_trainer::engine::optim::{AdamW, AdamWConfig, OptimState, stochastic_bf16};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -2,10 +2,10 @@
 //! parameter Qwen2 model, saved as an HF folder that the model, tokenizer and chat code load.
 
 use grove_datasets::synthetic::{World, WorldConfig};
-use grove_trainer::generate::{Engine, SamplingParams};
-use grove_trainer::model::load_model;
-use grove_trainer::scratch::{SmallModel, init_model, train_bpe};
-use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
+use grove_trainer::engine::generate::{Engine, SamplingParams};
+use grove_trainer::engine::model::load_model;
+use grove_trainer::engine::scratch::{SmallModel, init_model, train_bpe};
+use grove_trainer::engine::tokenizer::{ChatMessage, Tokenizer};
 
 #[test]
 fn tokenizer_and_model_from_scratch() {

@@ -2,10 +2,10 @@
 //! folder that our model, tokenizer and chat template load, and answers a factual question.
 
 use grove_datasets::assets;
-use grove_trainer::generate::{Engine, Finish, SamplingParams};
-use grove_trainer::import::import_gguf;
-use grove_trainer::model::load_model;
-use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
+use grove_trainer::engine::generate::{Engine, Finish, SamplingParams};
+use grove_trainer::engine::import::import_gguf;
+use grove_trainer::engine::model::load_model;
+use grove_trainer::engine::tokenizer::{ChatMessage, Tokenizer};
 use tch::{Device, Kind};
 
 #[test]

@@ -1,7 +1,7 @@
 //! tch links against the cached libtorch 2.11.0 and computes correctly: tensor arithmetic checked
 //! against values computed here in plain Rust, and AdamW fitting a small regression.
 
-use grove_trainer::device::{DeviceRequest, place};
+use grove_trainer::engine::device::{DeviceRequest, place};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -2,7 +2,7 @@
 //! template, against values produced by Hugging Face's own code.
 
 use grove_datasets::assets;
-use grove_trainer::tokenizer::{ChatMessage, Tokenizer};
+use grove_trainer::engine::tokenizer::{ChatMessage, Tokenizer};
 
 fn qwen() -> Tokenizer {
     let dir = assets::qwen25_tokenizer_dir();

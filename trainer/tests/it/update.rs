@@ -4,12 +4,12 @@
 
 use std::path::PathBuf;
 
-use grove_trainer::algo::loss::{Aggregation, LossConfig};
-use grove_trainer::algo::update::{LogitsPath, UpdateConfig, UpdateStats, ppo_update};
-use grove_trainer::logprobs::{ScoreOptions, score_sequences};
-use grove_trainer::model::{CausalLm, load_model};
-use grove_trainer::optim::{AdamW, AdamWConfig};
-use grove_trainer::rows::{Failure, Refused, TrainingRow};
+use grove_trainer::engine::logprobs::{ScoreOptions, score_sequences};
+use grove_trainer::engine::model::{CausalLm, load_model};
+use grove_trainer::engine::optim::{AdamW, AdamWConfig};
+use grove_trainer::rl::algo::loss::{Aggregation, LossConfig};
+use grove_trainer::rl::algo::update::{LogitsPath, UpdateConfig, UpdateStats, ppo_update};
+use grove_trainer::rl::rows::{Failure, Refused, TrainingRow};
 use tch::{Device, Kind};
 
 fn row(response: Vec<u32>, mask: Vec<u8>, reward: f64) -> TrainingRow {
@@ -171,7 +171,7 @@ fn chunked_logits_and_checkpointing_match_the_full_path() {
 /// per chunk of positions.
 #[test]
 fn an_update_makes_no_transfer_per_row_or_chunk() {
-    use grove_trainer::device::transfers;
+    use grove_trainer::engine::device::transfers;
     let made = |n: usize, chunk: usize| {
         let (vs, policy) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();
         let (_ref_vs, reference) = load_model(&golden_dir(), Device::Cpu, Kind::Float).unwrap();

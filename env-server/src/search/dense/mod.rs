@@ -1,7 +1,8 @@
 //! Dense and hybrid retrieval: the `[dense]` configuration ([`DenseConfig`] and its enums),
 //! compiled in every build so that a configuration parses (and is refused with a clear message)
 //! without the `dense` feature; and, with the feature, the backends themselves (`backend.rs`:
-//! the encoder, the FAISS flat index, HNSW, the hybrid fusion), re-exported here.
+//! the encoder, the FAISS flat index, HNSW, the hybrid fusion; `writer.rs`: encoding a corpus
+//! into a flat index), re-exported here.
 
 use std::path::PathBuf;
 
@@ -9,12 +10,16 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "dense")]
 mod backend;
+#[cfg(feature = "dense")]
+mod writer;
 
 #[cfg(feature = "dense")]
 pub use backend::{
     CorpusRows, DenseBackend, DenseSetupError, HybridBackend, encoder_options, hnsw_params, load_encoder,
     open_or_build_hnsw,
 };
+#[cfg(feature = "dense")]
+pub use writer::{WriteProgress, WriteReport, default_index_path, write_flat_index};
 
 /// The dense and hybrid backends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

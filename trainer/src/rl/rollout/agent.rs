@@ -1,0 +1,493 @@
+//! Chain and tree rollouts (spec §1.2-1.3 and §2.3) against an env-server: the model acts, the
+//! server resolves the actions; a tree expansion forks the env episode at the picked node's step
+//! and the engine sequence at that node's token prefix, so a branch reuses its parent's KV cache.
+//!
+//! Each turn of every active chain is one engine batch and one `Step` request; each expansion
+//! round is one `Fork` request. A refused item (create, fork or step) ends that trajectory with a
+//! [`Failure`] leaf and nothing else; only a lost env-server stops the rollout.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+
+use grove_protocol::{ActionKind, EpisodeId, EpisodeOptions, ErrorInfo, TaskSpec};
+
+use super::tree::{NodeId, Tree};
+use crate::engine::generate::{Engine, EngineError, Generation, SamplingParams, SeqId};
+use crate::engine::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
+use crate::rl::env::{EnvClient, EnvError};
+use crate::rl::method::TreeShape;
+use crate::rl::rows::{Failure, Refused};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Tree(#[from] super::tree::TreeError),
+    #[error("rollout bookkeeping: {0}")]
+    Internal(&'static str),
+}
+
+impl RolloutError {
+    /// The env-server that was lost, and how many live episodes went with it, if that is what
+    /// happened.
+    pub fn lost_server(&self) -> Option<(&str, u64)> {
+        match self {
+            RolloutError::Env(EnvError::Lost { url, live, .. }) => Some((url, *live)),
+            _ => None,
+        }
+    }
+}
+
+/// Agent-loop limits (spec §1.5; QA defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub max_turns: u32,
+    /// Observation tokens kept per step (the rest is dropped).
+    pub max_obs_tokens: usize,
+    /// Cap on a trajectory's response side (generated + observation tokens).
+    pub max_response_tokens: usize,
+    /// Per-turn sampling; `max_new_tokens` is the per-turn generation cap.
+    pub sampling: SamplingParams,
+    /// The agent prompt with a `{question}` placeholder; `None` takes the env-server's default
+    /// (our wording of the Search-R1 instruction).
+    pub prompt_template: Option<String>,
+    /// Rolling context cap (`max_prompt_length`, 4096 for QA): a longer context is cut from the
+    /// left before generating, and re-encoded (positions restart at 0, as in the reference).
+    pub max_context: usize,
+    /// Search results per query; `None` takes the env-server's default.
+    pub topk: Option<u32>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            max_turns: 3,
+            max_obs_tokens: 500,
+            max_response_tokens: 4096,
+            sampling: SamplingParams::default(),
+            prompt_template: None,
+            max_context: 4096,
+            topk: None,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// What the env-server is told about each episode.
+    pub fn episode_options(&self) -> EpisodeOptions {
+        EpisodeOptions {
+            max_turns: Some(self.max_turns),
+            prompt_template: self.prompt_template.clone(),
+            topk: self.topk,
+            ..Default::default()
+        }
+    }
+
+    /// The same agent decoding greedily.
+    pub fn greedy(&self) -> AgentConfig {
+        AgentConfig {
+            sampling: SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..self.sampling.clone() },
+            ..self.clone()
+        }
+    }
+}
+
+/// One agent step: what the model generated and what the environment answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    pub response: Vec<u32>,
+    /// Log-probability of each response token under its sampling distribution.
+    pub logprobs: Vec<f32>,
+    pub observation: Vec<u32>,
+    pub kind: ActionKind,
+    pub done: bool,
+    /// The server's reward, on the step that ended the episode.
+    pub reward: Option<f64>,
+    /// Pure EM / F1 of the answer, on the step that ended the episode.
+    pub metric: Option<f64>,
+    /// The server's whole reward (answer, format validity), on the step that ended the episode.
+    pub outcome: Option<grove_protocol::Reward>,
+    /// The observation was longer than `max_obs_tokens` and was cut.
+    pub observation_truncated: bool,
+    /// The env episode this step happened in, and the step count after it.
+    pub episode: Option<EpisodeId>,
+    pub env_step: u32,
+    /// An engine sequence holding the state right after this step (for expansions).
+    pub snapshot: Option<SeqId>,
+    /// The tool call failed on the server (the observation is the server's error text).
+    pub tool_error: Option<grove_protocol::ErrorCode>,
+    /// The env-server refused this step (or the episode it would have run in): the trajectory
+    /// ends here without an outcome.
+    pub failure: Option<Failure>,
+}
+
+impl StepRecord {
+    /// The leaf of a trajectory that never ran (its episode could not be created or forked).
+    fn refused(failure: Failure) -> Self {
+        StepRecord {
+            response: Vec::new(),
+            logprobs: Vec::new(),
+            observation: Vec::new(),
+            kind: ActionKind::Invalid,
+            done: true,
+            reward: None,
+            metric: None,
+            outcome: None,
+            observation_truncated: false,
+            episode: None,
+            env_step: 0,
+            snapshot: None,
+            tool_error: None,
+            failure: Some(failure),
+        }
+    }
+
+    /// A search the server ran (not the forced final turn).
+    pub fn is_tool_call(&self) -> bool {
+        self.kind == ActionKind::Search && !self.observation.is_empty()
+    }
+}
+
+/// Cost of a rollout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RolloutCost {
+    pub generated_tokens: u64,
+    pub prefill_tokens: u64,
+    pub tool_calls: u64,
+    pub forks: u64,
+    /// Failed tool calls by error code (trained on: the model saw the server's error text).
+    pub tool_errors: BTreeMap<String, u64>,
+}
+
+impl RolloutCost {
+    pub fn add(&mut self, other: &RolloutCost) {
+        self.generated_tokens += other.generated_tokens;
+        self.prefill_tokens += other.prefill_tokens;
+        self.tool_calls += other.tool_calls;
+        self.forks += other.forks;
+        for (k, v) in &other.tool_errors {
+            *self.tool_errors.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+/// Everything a rollout produced for one prompt.
+#[derive(Debug)]
+pub struct PromptRollout {
+    pub prompt_tokens: Vec<u32>,
+    pub trees: Vec<Tree<StepRecord>>,
+    /// Engine sequences kept for expansions (roots and node snapshots); see [`PromptRollout::release`].
+    pub held: Vec<SeqId>,
+    /// Env episodes created or forked for this prompt.
+    pub episodes: Vec<EpisodeId>,
+}
+
+impl PromptRollout {
+    /// Drop the engine sequences held for expansions (their KV caches).
+    pub fn release(&self, engine: &mut Engine<'_>) {
+        for s in &self.held {
+            engine.remove(*s);
+        }
+    }
+}
+
+/// A chain being continued: its prompt (in a batch of prompts) and tree, engine sequence, env
+/// episode and turns so far.
+struct Row {
+    prompt: usize,
+    tree: usize,
+    parent: NodeId,
+    seq: SeqId,
+    episode: EpisodeId,
+    steps: Vec<(StepRecord, bool)>,
+}
+
+/// Where a tree's root stands: its engine sequence, and its env episode or why there is none.
+struct Root {
+    seq: SeqId,
+    episode: Result<EpisodeId, ErrorInfo>,
+}
+
+pub struct Rollout<'a, 'm> {
+    pub engine: &'a mut Engine<'m>,
+    pub tok: &'a Tokenizer,
+    pub env: &'a EnvClient,
+    pub config: &'a AgentConfig,
+    pub cost: RolloutCost,
+}
+
+impl std::fmt::Debug for Rollout<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rollout").field("cost", &self.cost).finish()
+    }
+}
+
+impl Rollout<'_, '_> {
+    /// Continue every row until its episode ends (the server runs the forced final turn) or the
+    /// server refuses a step.
+    fn continue_rows(&mut self, rows: &mut [Row]) -> Result<(), RolloutError> {
+        let mut active: Vec<usize> = (0..rows.len()).collect();
+        while !active.is_empty() {
+            for &i in &active {
+                self.truncate_context(&mut rows[i])?;
+            }
+            let seqs: Vec<SeqId> = active.iter().map(|&i| rows[i].seq).collect();
+            let gens = self.engine.generate(&seqs, &self.config.sampling, self.tok)?;
+            let actions: Vec<_> = active.iter().zip(&gens).map(|(&i, g)| (rows[i].episode, g.text.clone())).collect();
+            let results = self.env.step(&actions)?;
+            let mut still = Vec::new();
+            for ((&i, g), result) in active.iter().zip(gens).zip(results) {
+                let row = &mut rows[i];
+                let Generation { tokens, logprobs, .. } = g;
+                let obs = match result {
+                    Ok(obs) => obs,
+                    Err(info) => {
+                        let failure = Failure::new(Refused::Step, &info);
+                        let step = StepRecord {
+                            response: tokens,
+                            logprobs,
+                            episode: Some(row.episode),
+                            env_step: row.steps.last().map_or(0, |s| s.0.env_step),
+                            ..StepRecord::refused(failure)
+                        };
+                        row.steps.push((step, true));
+                        continue;
+                    }
+                };
+                if obs.kind == ActionKind::Search && !obs.forced_final {
+                    self.cost.tool_calls += 1;
+                }
+                if let Some(e) = &obs.error {
+                    *self.cost.tool_errors.entry(e.code.name().to_string()).or_default() += 1;
+                }
+                let mut obs_tokens = if obs.text.is_empty() { Vec::new() } else { self.tok.encode(&obs.text)? };
+                let observation_truncated = obs_tokens.len() > self.config.max_obs_tokens;
+                obs_tokens.truncate(self.config.max_obs_tokens);
+                self.engine.extend(row.seq, &obs_tokens)?;
+                let snapshot = if obs.done { None } else { Some(self.engine.fork(row.seq, 1)?[0]) };
+                row.steps.push((
+                    StepRecord {
+                        response: tokens,
+                        logprobs,
+                        observation: obs_tokens,
+                        kind: obs.kind,
+                        done: obs.done,
+                        reward: obs.reward.as_ref().map(|r| r.score),
+                        metric: obs.reward.as_ref().map(|r| r.metric_value),
+                        outcome: obs.reward,
+                        observation_truncated,
+                        episode: Some(row.episode),
+                        env_step: obs.step,
+                        snapshot,
+                        tool_error: obs.error.map(|e| e.code),
+                        failure: None,
+                    },
+                    obs.done,
+                ));
+                if !obs.done {
+                    still.push(i);
+                }
+            }
+            active = still;
+        }
+        Ok(())
+    }
+
+    /// Cut a context longer than `max_context` from the left (a new sequence, re-encoded).
+    fn truncate_context(&mut self, row: &mut Row) -> Result<(), RolloutError> {
+        let Some(tokens) = self.engine.tokens(row.seq) else { return Ok(()) };
+        let max = self.config.max_context.max(1);
+        if tokens.len() <= max {
+            return Ok(());
+        }
+        let kept = tokens[tokens.len() - max..].to_vec();
+        let seed = row.seq.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let fresh = self.engine.add(kept, seed)?;
+        self.engine.remove(row.seq);
+        row.seq = fresh;
+        Ok(())
+    }
+
+    /// Tree rollouts for one task: M initial chains, L rounds of N expansions per tree.
+    pub fn run(
+        &mut self,
+        task: &TaskSpec,
+        shape: TreeShape,
+        rng: &mut impl Rng,
+    ) -> Result<PromptRollout, RolloutError> {
+        let mut out = self.run_many(std::slice::from_ref(task), shape, rng)?;
+        Ok(out.remove(0))
+    }
+
+    fn prompt_tokens(&self, prompt: &str) -> Result<Vec<u32>, RolloutError> {
+        let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.to_string())], true)?;
+        Ok(self.tok.encode(&text)?)
+    }
+
+    /// Tree rollouts for several tasks at once, one [`PromptRollout`] per task in order: every
+    /// generation is batched across all the tasks' chains (M per task at first, then the N picks
+    /// of every tree in each of the L rounds), so the engine sees batches of
+    /// `tasks.len() x M` and `tasks.len() x M x N` sequences instead of M and M x N.
+    pub fn run_many(
+        &mut self,
+        tasks: &[TaskSpec],
+        shape: TreeShape,
+        rng: &mut impl Rng,
+    ) -> Result<Vec<PromptRollout>, RolloutError> {
+        let before = self.engine.stats;
+        let creates: Vec<TaskSpec> = tasks.iter().flat_map(|t| std::iter::repeat_n(t.clone(), shape.m)).collect();
+        let starts = self.env.create(&creates, &self.config.episode_options())?;
+        let mut prompts = Vec::with_capacity(tasks.len());
+        let mut trees: Vec<Vec<Tree<StepRecord>>> = Vec::with_capacity(tasks.len());
+        let mut episodes: Vec<Vec<EpisodeId>> = Vec::with_capacity(tasks.len());
+        let mut roots: Vec<Vec<Root>> = Vec::with_capacity(tasks.len());
+        let mut held: Vec<Vec<SeqId>> = Vec::with_capacity(tasks.len());
+        let mut rows = Vec::with_capacity(starts.len());
+        for (p, mine) in starts.chunks(shape.m.max(1)).enumerate().take(tasks.len()) {
+            // Every tree of a prompt gets the same prompt text; a refused tree has none.
+            let prompt = mine.iter().find_map(|s| s.as_ref().ok()).map(|s| s.prompt.clone());
+            let prompt_tokens = match &prompt {
+                Some(text) => self.prompt_tokens(text)?,
+                None => Vec::new(),
+            };
+            let mut prompt_trees: Vec<Tree<StepRecord>> = (0..shape.m).map(|_| Tree::new()).collect();
+            let mut prompt_roots = Vec::with_capacity(shape.m);
+            let mut prompt_held = Vec::new();
+            for (t, start) in mine.iter().enumerate() {
+                let seed = rng.random::<u64>();
+                match start {
+                    Ok(s) => {
+                        let root = self.engine.add(prompt_tokens.clone(), seed)?;
+                        prompt_held.push(root);
+                        let seq = self.engine.fork(root, 1)?[0];
+                        let parent = Tree::<StepRecord>::ROOT;
+                        rows.push(Row { prompt: p, tree: t, parent, seq, episode: s.episode, steps: Vec::new() });
+                        prompt_roots.push(Root { seq: root, episode: Ok(s.episode) });
+                    }
+                    Err(info) => {
+                        let leaf = StepRecord::refused(Failure::new(Refused::Create, info));
+                        prompt_trees[t].add_chain(Tree::<StepRecord>::ROOT, vec![(leaf, true)])?;
+                        prompt_roots.push(Root { seq: 0, episode: Err(info.clone()) });
+                    }
+                }
+            }
+            prompts.push(prompt_tokens);
+            trees.push(prompt_trees);
+            episodes.push(mine.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect());
+            roots.push(prompt_roots);
+            held.push(prompt_held);
+        }
+        self.continue_rows(&mut rows)?;
+        self.attach(&mut trees, rows)?;
+        for _round in 0..shape.l {
+            // All picks of the round first (spec §2.3), then one Fork request for all of them.
+            let mut picks = Vec::new();
+            for (p, prompt_trees) in trees.iter().enumerate() {
+                for (t, tree) in prompt_trees.iter().enumerate() {
+                    for node in tree.pick(shape.n, rng) {
+                        let at = match tree.node(node).and_then(|n| n.step.as_ref()) {
+                            Some(step) => match (step.snapshot, step.episode) {
+                                (Some(seq), Some(episode)) => Ok((seq, episode, step.env_step)),
+                                _ => return Err(RolloutError::Internal("an expandable node has no snapshot")),
+                            },
+                            None => match &roots[p][t].episode {
+                                Ok(episode) => Ok((roots[p][t].seq, *episode, 0)),
+                                Err(info) => Err(Failure::new(Refused::Create, info)),
+                            },
+                        };
+                        picks.push((p, t, node, at));
+                    }
+                }
+            }
+            let fork_at: Vec<(EpisodeId, u32)> =
+                picks.iter().filter_map(|(.., at)| at.as_ref().ok().map(|&(_, e, s)| (e, s))).collect();
+            let mut forked = self.env.fork(&fork_at)?.into_iter();
+            let mut rows = Vec::new();
+            for (p, t, node, at) in picks {
+                let result = match at {
+                    Ok((seq, _, _)) => match forked.next() {
+                        Some(Ok(episode)) => Ok((seq, episode)),
+                        Some(Err(info)) => Err(Failure::new(Refused::Fork, &info)),
+                        None => return Err(RolloutError::Internal("a fork request item got no reply")),
+                    },
+                    Err(f) => Err(f),
+                };
+                match result {
+                    Ok((snapshot, episode)) => {
+                        let seq = self.engine.fork(snapshot, 1)?[0];
+                        episodes[p].push(episode);
+                        self.cost.forks += 1;
+                        rows.push(Row { prompt: p, tree: t, parent: node, seq, episode, steps: Vec::new() });
+                    }
+                    Err(failure) => {
+                        trees[p][t].add_chain(node, vec![(StepRecord::refused(failure), true)])?;
+                    }
+                }
+            }
+            self.continue_rows(&mut rows)?;
+            self.attach(&mut trees, rows)?;
+        }
+        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
+        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
+        let mut out = Vec::with_capacity(tasks.len());
+        for (((prompt_tokens, trees), episodes), mut held) in prompts.into_iter().zip(trees).zip(episodes).zip(held) {
+            for tree in &trees {
+                for id in 0..tree.len() {
+                    if let Some(seq) = tree.node(id).and_then(|n| n.step.as_ref()).and_then(|s| s.snapshot) {
+                        held.push(seq);
+                    }
+                }
+            }
+            out.push(PromptRollout { prompt_tokens, trees, held, episodes });
+        }
+        Ok(out)
+    }
+
+    /// One chain per task, all tasks batched together (evaluation). Returns each task's steps
+    /// (a refused episode: one failed step); the episodes are closed (one request) and the
+    /// sequences released.
+    pub fn run_chains(&mut self, tasks: &[TaskSpec], seed: u64) -> Result<Vec<Vec<StepRecord>>, RolloutError> {
+        let before = self.engine.stats;
+        let starts = self.env.create(tasks, &self.config.episode_options())?;
+        let mut rows = Vec::with_capacity(tasks.len());
+        let mut out: Vec<Vec<StepRecord>> = vec![Vec::new(); tasks.len()];
+        for (i, start) in starts.iter().enumerate() {
+            match start {
+                Ok(s) => {
+                    let seq = self.engine.add(self.prompt_tokens(&s.prompt)?, seed.wrapping_add(i as u64))?;
+                    let parent = Tree::<StepRecord>::ROOT;
+                    rows.push(Row { prompt: i, tree: 0, parent, seq, episode: s.episode, steps: Vec::new() });
+                }
+                Err(info) => out[i].push(StepRecord::refused(Failure::new(Refused::Create, info))),
+            }
+        }
+        self.continue_rows(&mut rows)?;
+        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
+        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
+        for row in rows {
+            self.engine.remove(row.seq);
+            let steps: Vec<StepRecord> = row.steps.into_iter().map(|(s, _)| s).collect();
+            for s in steps.iter().filter_map(|s| s.snapshot) {
+                self.engine.remove(s);
+            }
+            out[row.prompt] = steps;
+        }
+        let opened: Vec<EpisodeId> = starts.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect();
+        self.env.close(&opened)?;
+        Ok(out)
+    }
+
+    fn attach(&mut self, trees: &mut [Vec<Tree<StepRecord>>], rows: Vec<Row>) -> Result<(), RolloutError> {
+        for row in rows {
+            self.engine.remove(row.seq);
+            trees[row.prompt][row.tree].add_chain(row.parent, row.steps)?;
+        }
+        Ok(())
+    }
+}
