@@ -431,16 +431,18 @@ pub(crate) fn write_dense_index(
         indicatif::ProgressStyle::with_template("encoding {bar:40} {bytes}/{total_bytes} {msg} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let mut told = false;
     let mut show = |p: WriteProgress| {
+        if p.resumed > 0 && !told {
+            bar.suspend(|| eprintln!("resuming {}: {} passages already encoded", out.display(), p.resumed));
+            told = true;
+        }
         bar.set_length(p.total_bytes);
         bar.set_position(p.bytes_read);
         bar.set_message(format!("{} passages", p.rows));
     };
     let report = write_flat_index(encoder, corpus, out, metric, storage, batch_size, &mut show)?;
     bar.finish_and_clear();
-    if report.resumed > 0 {
-        eprintln!("resumed {}: {} passages had been encoded", out.display(), report.resumed);
-    }
     eprintln!(
         "wrote {} ({} vectors of dimension {}, {metric:?}); encoded {} passages in {:.1} s ({:.1}/s)",
         report.path.display(),

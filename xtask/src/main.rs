@@ -182,7 +182,8 @@ fn test(root: &Path, no_lint: bool, cargo_test_args: &[String]) -> Result<()> {
         })?;
     }
     phase("cargo test", &mut || {
-        let mut args = vec!["test", "--workspace", "--features", LINT_AND_TEST_FEATURES];
+        // Every test binary runs even after one fails, so a run reports all its failures at once.
+        let mut args = vec!["test", "--workspace", "--no-fail-fast", "--features", LINT_AND_TEST_FEATURES];
         args.extend(cargo_test_args.iter().map(String::as_str));
         // The shared-cache tests start their own redis-servers from this program; the FAISS
         // file tests run faiss-cpu from the venv; grove-view's browser test drives this Chromium.

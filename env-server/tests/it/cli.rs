@@ -85,6 +85,67 @@ async fn serve_until(signal: &str) {
     assert!(err.code() == Some(grove_protocol::ErrorCode::ShuttingDown) || err.code().is_none(), "{err}");
 }
 
+/// SIGTERM with a web cache open: the server drains with a client connected and its episode live,
+/// exits cleanly, and what it cached before the signal is in the SQLite file afterwards (read back
+/// by `env-server cache export` from the same configuration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_web_cache_open_keeps_what_was_cached() {
+    use grove_env_server::testkit::{Canned, ScriptedServer};
+    grove_http::install_tls_provider();
+    let provider = ScriptedServer::start(|_| {
+        Canned::json(
+            &serde_json::json!({"organic_results": [{"title": "T", "link": "https://a.example/", "snippet": "S"}]}),
+        )
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (config, cache) = (dir.path().join("server.toml"), dir.path().join("cache.sqlite3"));
+    std::fs::write(
+        &config,
+        format!(
+            "backend = \"web\"\n[web]\nprovider = \"serpapi\"\nendpoint = \"{}/search.json\"\n\
+             api_key_env = \"GROVE_TEST_KEY\"\n[cache]\npath = \"{}\"\n",
+            provider.url(),
+            cache.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_env-server"));
+    cmd.args(["serve", "--config"]).arg(&config).env("GROVE_TEST_KEY", "k").stdout(Stdio::null()).stderr(Stdio::null());
+    let mut server = spawn_ready(cmd, Duration::from_secs(10)).await.expect("server came up");
+    let c = Client::connect(&server.url(), ClientOptions::default()).await.unwrap();
+    let ep = c.create_episodes(vec![em_task()], Default::default()).await.unwrap()[0].clone().unwrap();
+    let obs = c.step_text(ep.episode, "<search> the cached query </search>").await.unwrap();
+    assert!(obs.text.contains("Page 1: S"), "{}", obs.text);
+    assert_eq!(provider.requests().len(), 1);
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let mut waited = 0;
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(waited < 100, "server did not stop on SIGTERM");
+        waited += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(exit.success(), "SIGTERM with a cache open: {exit:?}");
+    let out = dir.path().join("export.jsonl");
+    let export = Command::new(env!("CARGO_BIN_EXE_env-server"))
+        .args(["cache", "export", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .env("GROVE_TEST_KEY", "k")
+        .output()
+        .unwrap();
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    let lines = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(lines.lines().count(), 1, "{lines}");
+    assert!(lines.contains("the cached query"), "{lines}");
+}
+
 /// With a token configured, the binary refuses missing and wrong tokens on the WebSocket upgrade
 /// and on HTTP; neither the token, nor a wrong one a client tried, nor the web provider's API key
 /// appears anywhere in its logs, even at `RUST_LOG=trace`.

@@ -11,12 +11,14 @@ use grove_dense::{Encoder, FlatWriter, Metric, Storage, TextKind};
 
 use super::DenseSetupError;
 
-/// How far a write has got: bytes of the corpus read (of `total_bytes`) and rows written.
+/// How far a write has got: bytes of the corpus read (of `total_bytes`) and rows written, of
+/// which `resumed` an earlier run had written. The first report comes before any encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteProgress {
     pub bytes_read: u64,
     pub total_bytes: u64,
     pub rows: usize,
+    pub resumed: u64,
 }
 
 /// What a finished write did.
@@ -68,6 +70,7 @@ pub fn write_flat_index(
     let mut writer = FlatWriter::create_or_resume_as(out, encoder.dim(), metric, storage)?;
     let resumed = writer.rows() as u64;
     let total_bytes = std::fs::metadata(corpus).map_err(|e| corpus_error(e.to_string()))?.len();
+    progress(WriteProgress { bytes_read: 0, total_bytes, rows: writer.rows(), resumed });
     let started = Instant::now();
     let per_write = batch_size * 4;
     let mut batch: Vec<String> = Vec::with_capacity(per_write);
@@ -104,12 +107,17 @@ pub fn write_flat_index(
         batch.push(row.contents);
         if batch.len() == per_write {
             flush(&mut batch, &mut writer)?;
-            progress(WriteProgress { bytes_read: bytes_read.min(total_bytes), total_bytes, rows: writer.rows() });
+            progress(WriteProgress {
+                bytes_read: bytes_read.min(total_bytes),
+                total_bytes,
+                rows: writer.rows(),
+                resumed,
+            });
         }
     }
     flush(&mut batch, &mut writer)?;
     let rows = writer.rows();
-    progress(WriteProgress { bytes_read: total_bytes, total_bytes, rows });
+    progress(WriteProgress { bytes_read: total_bytes, total_bytes, rows, resumed });
     let path = writer.finish()?;
     Ok(WriteReport {
         path,
