@@ -218,6 +218,97 @@ pub fn check_crate(root: &Path, src: &str, layers: &Layers) -> Result<Vec<String
     Ok(findings)
 }
 
+/// The workspace's crate layers as the map draws them: the one fenced block whose info string is
+/// `crate-layers`, highest first, one layer per line (`name: package, package`).
+pub fn crate_block(map: &str) -> Option<Layers> {
+    let start = map.find("```crate-layers\n")?;
+    let body = &map[start + "```crate-layers\n".len()..];
+    let end = body.find("```")?;
+    let layers = body[..end]
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(name, members)| {
+            let members = members.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+            (name.trim().to_string(), members)
+        })
+        .collect();
+    Some(layers)
+}
+
+/// The findings for the workspace's crates: every member package is in exactly one layer, and
+/// each of its dependencies on another member (normal, build or target-specific; dev-dependencies
+/// are the tests' and may reach anywhere) points to a strictly lower layer. So no two crates of a
+/// layer depend on each other: the trainer never depends on the env-server (only its tests do),
+/// and a shared leaf crate never on a program.
+pub fn check_workspace(root: &Path, layers: &Layers) -> Result<Vec<String>> {
+    let read = |path: &Path| -> Result<toml::Table> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))
+    };
+    let workspace = read(&root.join("Cargo.toml"))?;
+    let members: Vec<String> = workspace
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    let mut findings = Vec::new();
+    let mut layer_of: HashMap<String, usize> = HashMap::new();
+    for (rank, (name, packages)) in layers.iter().enumerate() {
+        for p in packages {
+            if layer_of.insert(p.clone(), rank).is_some() {
+                findings.push(format!("crate-layers: `{p}` is in two layers (the second: {name})"));
+            }
+        }
+    }
+    let mut manifests = Vec::new();
+    for dir in &members {
+        let manifest = read(&root.join(dir).join("Cargo.toml"))?;
+        let name = manifest.get("package").and_then(|p| p.get("name")).and_then(|n| n.as_str()).unwrap_or(dir);
+        manifests.push((dir.clone(), name.to_string(), manifest));
+    }
+    let packages: BTreeSet<&str> = manifests.iter().map(|(_, n, _)| n.as_str()).collect();
+    for p in layer_of.keys() {
+        if !packages.contains(p.as_str()) {
+            findings.push(format!("crate-layers names `{p}`, which is no member of the workspace"));
+        }
+    }
+    for (dir, name, manifest) in &manifests {
+        let Some(&mine) = layer_of.get(name) else {
+            findings.push(format!("{dir}/Cargo.toml: `{name}` is in no layer of ARCHITECTURE.md's crate-layers block"));
+            continue;
+        };
+        let mut tables: Vec<(&str, &toml::Table)> = Vec::new();
+        for kind in ["dependencies", "build-dependencies"] {
+            if let Some(t) = manifest.get(kind).and_then(|t| t.as_table()) {
+                tables.push((kind, t));
+            }
+        }
+        if let Some(targets) = manifest.get("target").and_then(|t| t.as_table()) {
+            for spec in targets.values() {
+                for kind in ["dependencies", "build-dependencies"] {
+                    if let Some(t) = spec.get(kind).and_then(|t| t.as_table()) {
+                        tables.push((kind, t));
+                    }
+                }
+            }
+        }
+        for (kind, table) in tables {
+            for dep in table.keys() {
+                let Some(&theirs) = layer_of.get(dep) else { continue };
+                if theirs <= mine {
+                    findings.push(format!(
+                        "{dir}/Cargo.toml: `{name}` ({}) has `{dep}` ({}) in [{kind}]; a crate depends only on \
+                         crates of lower layers (a test may use it as a dev-dependency)",
+                        layers[mine].0, layers[theirs].0
+                    ));
+                }
+            }
+        }
+    }
+    Ok(findings)
+}
+
 fn collect(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -399,5 +490,43 @@ mod tests {
         let dir = plant(&clean);
         let findings = check_crate(dir.path(), "src", &layers).unwrap();
         assert!(findings.iter().any(|f| f.contains("names `rl/gone`")), "{findings:?}");
+    }
+
+    /// A crate that depends on one of its own layer (or above) is found; a dev-dependency is not.
+    #[test]
+    fn crate_edges_go_down_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |rel: &str, text: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("Cargo.toml", "[workspace]\nmembers = [\"trainer\", \"server\", \"leaf\"]\n");
+        write("leaf/Cargo.toml", "[package]\nname = \"leaf\"\n");
+        write(
+            "server/Cargo.toml",
+            "[package]\nname = \"server\"\n[dependencies]\nleaf.workspace = true\nserde = \"1\"\n",
+        );
+        let trainer = "[package]\nname = \"trainer\"\n[dependencies]\nleaf = { path = \"../leaf\" }\n\
+                       [dev-dependencies]\nserver.workspace = true\n";
+        write("trainer/Cargo.toml", trainer);
+        let map = "```crate-layers\nprograms: trainer, server\nleaves: leaf\n```\n";
+        let layers = crate_block(map).unwrap();
+        assert_eq!(check_workspace(dir.path(), &layers).unwrap(), Vec::<String>::new());
+        // The trainer takes the server as a normal dependency: a sideways edge.
+        write("trainer/Cargo.toml", &trainer.replace("[dev-dependencies]\n", ""));
+        let findings = check_workspace(dir.path(), &layers).unwrap();
+        assert!(findings.iter().any(|f| f.contains("`trainer` (programs) has `server` (programs)")), "{findings:?}");
+        // A leaf that reaches up, in a target-specific table.
+        write("leaf/Cargo.toml", "[package]\nname = \"leaf\"\n[target.'cfg(unix)'.dependencies]\nserver = \"*\"\n");
+        let findings = check_workspace(dir.path(), &layers).unwrap();
+        assert!(findings.iter().any(|f| f.contains("`leaf` (leaves) has `server`")), "{findings:?}");
+        // A member in no layer.
+        let findings = check_workspace(
+            dir.path(),
+            &crate_block("```crate-layers\nprograms: trainer\nleaves: leaf\n```\n").unwrap(),
+        )
+        .unwrap();
+        assert!(findings.iter().any(|f| f.contains("`server` is in no layer")), "{findings:?}");
     }
 }

@@ -13,7 +13,8 @@
 //! - Every subcommand of `trainer`, `env-server` and `cargo xtask` is named there in backticks
 //!   with its program (`` `trainer train` ``, `` `env-server cache export` ``).
 //! - Each crate's imports keep to the layers ARCHITECTURE.md draws for it, with no cycle between
-//!   modules or files (`layers.rs`).
+//!   modules or files, and each crate's dependencies on the workspace's other crates point down its
+//!   `crate-layers` block, never sideways or up (`layers.rs`).
 //! - No test is switched off or passes by panicking: the attributes `ignore` and
 //!   `should_panic` appear nowhere.
 //!
@@ -93,6 +94,10 @@ pub fn check(root: &Path) -> Result<Vec<String>> {
             )),
             Some(_) => {}
         }
+    }
+    match crate::layers::crate_block(&map) {
+        Some(layers) => findings.extend(crate::layers::check_workspace(root, &layers)?),
+        None => findings.push("ARCHITECTURE.md has no ```crate-layers block (the workspace's crates by layer)".into()),
     }
     for (src, layers) in crate::layers::blocks(&map) {
         findings.extend(crate::layers::check_crate(root, &src, &layers)?);
