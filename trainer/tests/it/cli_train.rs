@@ -437,6 +437,57 @@ fn eval_against_an_openai_compatible_server_from_the_command_line() {
     assert!(stderr.contains("--policy openai / direct-openai needs --model NAME"), "{stderr}");
 }
 
+/// `trainer eval --policy openai` against a model server that accepts and never answers, its
+/// output not a terminal: a sign of life comes within 5 s of the start, not after the first
+/// answer (a log file used to stay empty for a minute).
+#[test]
+fn an_openai_eval_says_it_started_within_five_seconds() {
+    let work = tempfile::tempdir().unwrap();
+    let (corpus, data) = world_files(work.path());
+    let (_server, env) = env_server(&corpus);
+    // A model server that accepts connections and never replies.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base_url = format!("http://{}", hung.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in hung.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["eval", "--policy", "openai", "--model-name", "m", "--base-url", &base_url, "--env", &env])
+        .args(["--retries", "0", "--timeout-s", "60", "--data"])
+        .arg(&data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let found = loop {
+        let left = std::time::Duration::from_secs(5).saturating_sub(started.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("trainer eval: started") => break true,
+            Ok(line) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(found, "no progress line within 5 s; stderr so far: {seen:?}");
+    assert!(still_running, "the eval was still waiting on the model when its first line came");
+}
+
 /// `trainer plan` from the command line: the paper's shapes for Qwen2.5-3B fit an 80 GiB card at
 /// the default 16 bytes per parameter, 7B does not, the old 20-byte layout shows its extra master
 /// copy, a model folder is read for its shape, and bad settings are refused.
