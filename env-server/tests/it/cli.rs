@@ -69,6 +69,13 @@ async fn serve_until(signal: &str) {
     assert!(c.step_text(ep.episode, "<search> Ada Kerrigan </search>").await.unwrap().text.contains("Ada Kerrigan"));
     assert!(corpus.with_file_name("corpus.jsonl.index").join("meta.json").exists());
     // The client stays connected with its episode live while the signal arrives.
+    signal_and_wait(&mut server, signal).await;
+    let err = c.step_text(ep.episode, "<answer> Ada Kerrigan </answer>").await.unwrap_err();
+    assert!(err.code() == Some(grove_protocol::ErrorCode::ShuttingDown) || err.code().is_none(), "{err}");
+}
+
+/// Send `SIG<signal>` to the server and wait up to 10 s for it to exit; it must exit cleanly.
+async fn signal_and_wait(server: &mut grove_env_server::testkit::ServerProcess, signal: &str) {
     let status = Command::new("kill").args([&format!("-{signal}"), &server.child.id().to_string()]).status().unwrap();
     assert!(status.success());
     let mut waited = 0;
@@ -81,8 +88,6 @@ async fn serve_until(signal: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(exit.success(), "SIG{signal}: {exit:?}");
-    let err = c.step_text(ep.episode, "<answer> Ada Kerrigan </answer>").await.unwrap_err();
-    assert!(err.code() == Some(grove_protocol::ErrorCode::ShuttingDown) || err.code().is_none(), "{err}");
 }
 
 /// SIGTERM with a web cache open: the server drains with a client connected and its episode live,
@@ -119,18 +124,7 @@ async fn sigterm_with_a_web_cache_open_keeps_what_was_cached() {
     let obs = c.step_text(ep.episode, "<search> the cached query </search>").await.unwrap();
     assert!(obs.text.contains("Page 1: S"), "{}", obs.text);
     assert_eq!(provider.requests().len(), 1);
-    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let mut waited = 0;
-    let exit = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(waited < 100, "server did not stop on SIGTERM");
-        waited += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(exit.success(), "SIGTERM with a cache open: {exit:?}");
+    signal_and_wait(&mut server, "TERM").await;
     let out = dir.path().join("export.jsonl");
     let export = Command::new(env!("CARGO_BIN_EXE_env-server"))
         .args(["cache", "export", "--config"])
