@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use grove_dense::{FlatIndex, FlatWriter, Metric};
 use grove_env_server::config::{DenseConfig, DenseDevice};
 use grove_env_server::search::SearchBackend;
-use grove_env_server::search::dense::{DenseBackend, HybridBackend, load_encoder};
+use grove_env_server::search::dense::{DenseBackend, HybridBackend, default_index_path, load_encoder};
 
 use crate::bench::{Row, row};
 
@@ -455,11 +455,7 @@ async fn quality(args: &BenchDenseArgs, rows: &mut Vec<Row>) -> Result<()> {
         }
     }
     let config = DenseConfig { model: Some(model.clone()), device: DenseDevice::Cpu, ..DenseConfig::default() };
-    let index_path = {
-        let mut name = corpus.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".{}.flat.index", model.file_name().unwrap_or_default().to_string_lossy()));
-        corpus.with_file_name(name)
-    };
+    let index_path = default_index_path(&corpus, &model, grove_dense::Storage::F32);
     if !FlatIndex::open(&index_path).is_ok_and(|i| i.len() == titles.len()) {
         let encoder = load_encoder(&config)?;
         let t = Instant::now();

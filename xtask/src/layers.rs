@@ -30,20 +30,29 @@ pub type Layers = Vec<(String, Vec<String>)>;
 
 /// Every `layers` block of `map`: (source folder, its layers).
 pub fn blocks(map: &str) -> Vec<(String, Layers)> {
+    fenced_layers(map, "layers").into_iter().filter(|(dir, _)| !dir.is_empty()).collect()
+}
+
+/// Every fenced block of `map` whose info string's first word is `info`: (the rest of the info
+/// string, its layers, highest first, one per line: `name: member, member`).
+fn fenced_layers(map: &str, info: &str) -> Vec<(String, Layers)> {
     let mut out = Vec::new();
     let mut current: Option<(String, Layers)> = None;
     for line in map.lines() {
         let trimmed = line.trim();
-        if let Some((dir, layers)) = current.as_mut() {
+        if let Some((arg, layers)) = current.as_mut() {
             if trimmed.starts_with("```") {
-                out.push((std::mem::take(dir), std::mem::take(layers)));
+                out.push((std::mem::take(arg), std::mem::take(layers)));
                 current = None;
-            } else if let Some((name, modules)) = trimmed.split_once(':') {
-                let modules = modules.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-                layers.push((name.trim().to_string(), modules));
+            } else if let Some((name, members)) = trimmed.split_once(':') {
+                let members = members.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+                layers.push((name.trim().to_string(), members));
             }
-        } else if let Some(dir) = trimmed.strip_prefix("```layers ") {
-            current = Some((dir.trim().to_string(), Vec::new()));
+        } else if let Some(rest) = trimmed.strip_prefix("```") {
+            let (word, arg) = rest.split_once(' ').unwrap_or((rest, ""));
+            if word == info {
+                current = Some((arg.trim().to_string(), Vec::new()));
+            }
         }
     }
     out
@@ -221,18 +230,7 @@ pub fn check_crate(root: &Path, src: &str, layers: &Layers) -> Result<Vec<String
 /// The workspace's crate layers as the map draws them: the one fenced block whose info string is
 /// `crate-layers`, highest first, one layer per line (`name: package, package`).
 pub fn crate_block(map: &str) -> Option<Layers> {
-    let start = map.find("```crate-layers\n")?;
-    let body = &map[start + "```crate-layers\n".len()..];
-    let end = body.find("```")?;
-    let layers = body[..end]
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(name, members)| {
-            let members = members.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-            (name.trim().to_string(), members)
-        })
-        .collect();
-    Some(layers)
+    fenced_layers(map, "crate-layers").into_iter().next().map(|(_, layers)| layers)
 }
 
 /// The findings for the workspace's crates: every member package is in exactly one layer, and

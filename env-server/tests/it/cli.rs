@@ -90,20 +90,25 @@ async fn signal_and_wait(server: &mut grove_env_server::testkit::ServerProcess, 
     assert!(exit.success(), "SIG{signal}: {exit:?}");
 }
 
-/// SIGTERM with a web cache open: the server drains with a client connected and its episode live,
-/// exits cleanly, and what it cached before the signal is in the SQLite file afterwards (read back
-/// by `env-server cache export` from the same configuration).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_with_a_web_cache_open_keeps_what_was_cached() {
+/// A loopback SerpAPI that answers every search with one organic result (title T, snippet S).
+async fn serpapi_provider() -> grove_env_server::testkit::ScriptedServer {
     use grove_env_server::testkit::{Canned, ScriptedServer};
     grove_http::install_tls_provider();
-    let provider = ScriptedServer::start(|_| {
+    ScriptedServer::start(|_| {
         Canned::json(
             &serde_json::json!({"organic_results": [{"title": "T", "link": "https://a.example/", "snippet": "S"}]}),
         )
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// SIGTERM with a web cache open: the server drains with a client connected and its episode live,
+/// exits cleanly, and what it cached before the signal is in the SQLite file afterwards (read back
+/// by `env-server cache export` from the same configuration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_web_cache_open_keeps_what_was_cached() {
+    let provider = serpapi_provider().await;
     let dir = tempfile::tempdir().unwrap();
     let (config, cache) = (dir.path().join("server.toml"), dir.path().join("cache.sqlite3"));
     std::fs::write(
@@ -145,18 +150,10 @@ async fn sigterm_with_a_web_cache_open_keeps_what_was_cached() {
 /// appears anywhere in its logs, even at `RUST_LOG=trace`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_keys_never_reach_the_logs() {
-    use grove_env_server::testkit::{Canned, ScriptedServer};
-    grove_http::install_tls_provider();
     const TOKEN: &str = "tok-7f3a9c1e-never-log-me";
     const WRONG: &str = "wrong-5b2d8e-guess";
     const KEY: &str = "key-0d4c6a-provider-secret";
-    let provider = ScriptedServer::start(|_| {
-        Canned::json(
-            &serde_json::json!({"organic_results": [{"title": "T", "link": "https://a.example/", "snippet": "S"}]}),
-        )
-    })
-    .await
-    .unwrap();
+    let provider = serpapi_provider().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("server.toml");
     std::fs::write(
