@@ -134,5 +134,6 @@ pub fn tiny_agent_config() -> grove_trainer::rl::rollout::agent::AgentConfig {
         prompt_template: None,
         max_context: 4096,
         topk: None,
+        schedule: Default::default(),
     }
 }

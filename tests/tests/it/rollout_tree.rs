@@ -165,6 +165,7 @@ fn budget_of_tree_and_chain_rollouts() {
         prompt_template: None,
         max_context: 4096,
         topk: None,
+        schedule: Default::default(),
     };
     let rows = compare((&lm, &tok), &env, &tasks, &agent, &[Method::tree(2, 2, 1, 3), Method::chain(4)], 1).unwrap();
     let (tree, chain) = (&rows[0], &rows[1]);
@@ -296,4 +297,154 @@ fn the_env_server_receives_exactly_the_trained_tokens() {
     }
     assert!(checked >= 12, "{checked} steps");
     assert!(straddled > 0, "no generation stopped inside a token: the test checked nothing");
+}
+
+/// One node: its parent, generated tokens and observation tokens.
+type NodeTokens = (Option<usize>, Vec<u32>, Vec<u32>);
+
+/// Node by node, what a prompt's trees hold: each step's generated and observation tokens, and
+/// where it hangs.
+fn tree_tokens(rollout: &grove_trainer::rl::rollout::agent::PromptRollout) -> Vec<Vec<NodeTokens>> {
+    rollout
+        .trees
+        .iter()
+        .map(|tree| {
+            (1..tree.len())
+                .map(|id| {
+                    let node = tree.node(id).unwrap();
+                    let step = node.step.as_ref().unwrap();
+                    (node.parent, step.response.clone(), step.observation.clone())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The continuous schedule (one running batch, env steps answered while decoding goes on, each
+/// prompt's round started when its own last round ended): greedy chains are those of the phased
+/// schedule; trees have the shape, the episodes and the forks of the phased schedule's; and what
+/// a prompt's rollout holds does not depend on the prompts it ran beside.
+#[test]
+fn continuous_rollouts_build_the_phased_schedules_trees() {
+    use grove_trainer::rl::rollout::agent::Schedule;
+    let tok = Tokenizer::from_dir(&assets::qwen25_tokenizer_dir()).unwrap();
+    let (_vs, lm) = tiny_policy(tok.vocab_size());
+    let world = World::generate(&WorldConfig::default());
+    let srv = WorldServer::start(&world);
+    let env = EnvClient::connect(&srv.url, Default::default()).unwrap();
+    let tasks: Vec<_> = world.questions(2, 4, 8).iter().map(task_of).collect();
+    let sampled = AgentConfig {
+        max_turns: 2,
+        max_obs_tokens: 32,
+        sampling: SamplingParams { max_new_tokens: 10, top_k: 64, ..SamplingParams::default() },
+        schedule: Schedule::Continuous,
+        ..AgentConfig::default()
+    };
+    let mut engine = Engine::new(&lm);
+    let roll = |engine: &mut Engine<'_>,
+                config: &AgentConfig,
+                tasks: &[grove_protocol::TaskSpec],
+                shape: TreeShape,
+                seed: u64| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut out = Vec::new();
+        let mut r = Rollout { engine: &mut *engine, tok: &tok, env: &env, config, cost: Default::default() };
+        out.extend(r.run_many(tasks, shape, &mut rng).unwrap());
+        let cost = r.cost;
+        let mut episodes = Vec::new();
+        for rollout in &out {
+            rollout.release(engine);
+            episodes.extend_from_slice(&rollout.episodes);
+        }
+        let stats = engine.stats;
+        (out, cost, episodes, stats)
+    };
+
+    // Greedy chains: the same tokens, observations and rewards under both schedules.
+    let greedy = sampled.greedy();
+    let chains = Method::chain(2).shape();
+    let (phased, phased_cost, opened, _) =
+        roll(&mut engine, &AgentConfig { schedule: Schedule::Phased, ..greedy.clone() }, &tasks, chains, 1);
+    env.close(&opened).unwrap();
+    let (continuous, continuous_cost, opened, _) = roll(&mut engine, &greedy, &tasks, chains, 1);
+    env.close(&opened).unwrap();
+    for (a, b) in phased.iter().zip(&continuous) {
+        assert_eq!(tree_tokens(a), tree_tokens(b));
+        let rewards = |r: &grove_trainer::rl::rollout::agent::PromptRollout| -> Vec<Option<f64>> {
+            r.trees
+                .iter()
+                .flat_map(|t| t.leaves().into_iter().map(move |l| t.node(l).unwrap().step.as_ref().unwrap().reward))
+                .collect()
+        };
+        assert_eq!(rewards(a), rewards(b));
+    }
+    assert_eq!(
+        (phased_cost.generated_tokens, phased_cost.tool_calls),
+        (continuous_cost.generated_tokens, continuous_cost.tool_calls)
+    );
+
+    // Evaluation's chains (`run_chains`) too.
+    let mut evaluated = Vec::new();
+    for schedule in [Schedule::Phased, Schedule::Continuous] {
+        let config = AgentConfig { schedule, ..greedy.clone() };
+        let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &config, cost: Default::default() };
+        let steps = r.run_chains(&tasks, 4).unwrap();
+        evaluated.push(
+            steps
+                .iter()
+                .map(|s| s.iter().map(|s| (s.response.clone(), s.reward)).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(evaluated[0], evaluated[1]);
+    assert_eq!(engine.kv_bytes(), 0, "evaluation released its sequences");
+
+    // Sampled trees: the phased schedule's shape, episodes and forks.
+    let shape = TreeShape { m: 2, n: 2, l: 2, k: 3 };
+    let forks_before = env.requests().fork;
+    let (together, cost, opened, stats) = roll(&mut engine, &sampled, &tasks, shape, 9);
+    assert_eq!(cost.forks, (tasks.len() * shape.m * shape.n * shape.l) as u64);
+    assert!(
+        env.requests().fork - forks_before <= (tasks.len() * shape.l) as u64,
+        "one Fork request per prompt and round"
+    );
+    assert_eq!(stats.step_transfers, stats.decode_steps + stats.compactions, "one transfer per decode step");
+    for (task, rollout) in tasks.iter().zip(&together) {
+        assert_eq!(rollout.episodes.len(), shape.m * (1 + shape.n * shape.l));
+        for tree in &rollout.trees {
+            assert_eq!(tree.leaves().len(), 1 + shape.n * shape.l);
+            for leaf in tree.leaves() {
+                let path = tree.path(leaf);
+                assert!(path.last().unwrap().done && path.last().unwrap().reward.is_some());
+            }
+            // An expansion's first step runs in a fork of its parent's episode at its step.
+            for id in 1..tree.len() {
+                let node = tree.node(id).unwrap();
+                let step = node.step.as_ref().unwrap();
+                let parent = node.parent.and_then(|p| tree.node(p)).and_then(|p| p.step.as_ref());
+                let t = env.block_on(env.client().transcript(step.episode.unwrap())).unwrap();
+                assert_eq!(t.task.question, task.question);
+                match parent {
+                    Some(p) if p.episode != step.episode => {
+                        assert_eq!(t.lineage.fork_step, Some(p.env_step));
+                        assert_eq!(t.lineage.parent, p.episode);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    env.close(&opened).unwrap();
+
+    // Prompt by prompt from the same stream: each prompt's trees are the same as beside the others.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for (task, want) in tasks.iter().zip(&together) {
+        let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &sampled, cost: Default::default() };
+        let alone = r.run_many(std::slice::from_ref(task), shape, &mut rng).unwrap().remove(0);
+        assert_eq!(tree_tokens(&alone), tree_tokens(want));
+        alone.release(&mut engine);
+        env.close(&alone.episodes).unwrap();
+    }
+    assert_eq!(engine.kv_bytes(), 0, "released");
+    assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
 }

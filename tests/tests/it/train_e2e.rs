@@ -53,6 +53,7 @@ fn step_config(method: Method, estimator: Estimator) -> StepConfig {
             prompt_template: None,
             max_context: 4096,
             topk: None,
+            schedule: Default::default(),
         },
         update: UpdateConfig { mini_batches: 1, micro_batch: 4, ..Default::default() },
         schedule: WarmupConstant { lr: 1e-3, warmup_steps: 0 },
@@ -168,6 +169,7 @@ fn answering_config(method: Method, temperature: f64) -> StepConfig {
         prompt_template: Some(prompt),
         max_context: 2048,
         topk: Some(1),
+        schedule: Default::default(),
     };
     cfg.update.temperature = temperature;
     cfg

@@ -12,7 +12,7 @@ use grove_trainer::engine::model::{CausalLm, load_model};
 use grove_trainer::engine::tokenizer::Tokenizer;
 use grove_trainer::rl::env::EnvClient;
 use grove_trainer::rl::method::Method;
-use grove_trainer::rl::rollout::agent::AgentConfig;
+use grove_trainer::rl::rollout::agent::{AgentConfig, Schedule};
 use grove_trainer::support::data::{EvalSelection, load_tasks_where, select};
 
 /// A model folder and where to run it.
@@ -147,6 +147,10 @@ pub struct AgentArgs {
     /// A file with the agent prompt (`{question}` placeholder; default: the env-server's).
     #[arg(long)]
     pub prompt_template: Option<PathBuf>,
+    /// How generations are scheduled: `phased` (turn by turn) or `continuous` (one running
+    /// batch that chains join and leave at any token).
+    #[arg(long, default_value = "phased")]
+    pub schedule: Schedule,
 }
 
 impl AgentArgs {
@@ -162,6 +166,7 @@ impl AgentArgs {
             sampling,
             prompt_template,
             topk: self.topk,
+            schedule: self.schedule,
             ..AgentConfig::default()
         })
     }

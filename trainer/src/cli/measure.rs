@@ -40,6 +40,10 @@ impl BudgetArgs {
 pub(super) struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// Only the tree vs chain rollout rows (needs `--env`): their timings on both schedules,
+    /// without the generation and training figures.
+    #[arg(long, requires = "env")]
+    rollout_only: bool,
     /// Tokens sampled per sequence in the generation figures.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
@@ -132,8 +136,10 @@ impl BenchArgs {
             "threads",
             format!("{:?}, {}", l.placement.device, self.model.model.display()),
         )];
-        rows.extend(grove_trainer::measure::bench::run(&l.lm, &l.tok, &opts).rows);
-        if let Some(shape) = &self.train_memory {
+        if !self.rollout_only {
+            rows.extend(grove_trainer::measure::bench::run(&l.lm, &l.tok, &opts).rows);
+        }
+        if let Some(shape) = self.train_memory.as_ref().filter(|_| !self.rollout_only) {
             let (b, t) = batch_by_len("--train-memory", shape)?;
             match grove_trainer::measure::bench::train_memory(b, t) {
                 Some(r) => rows.extend(r),

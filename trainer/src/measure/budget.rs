@@ -36,7 +36,7 @@ pub struct BudgetRow {
     /// Wall time of the rollout, and of the re-encoding replay (device-synchronised).
     pub rollout_seconds: f64,
     pub reencode_seconds: f64,
-    /// Sequences the engine decoded per generate call, on average.
+    /// Rows the engine decoded per decode step, on average (tokens drawn / steps).
     pub mean_batch: f64,
     /// Measured: bytes of keys and values the engine held for the trees' roots and snapshots
     /// once a batch was rolled out (the largest batch's), shared prefixes counted once.
@@ -186,7 +186,7 @@ pub fn measure(
     drive(&mut driver, tasks, batch_prompts, shape, &mut rng, &mut tally)?;
     let leaves = tally.leaves;
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
-    row.mean_batch = engine.stats.generated_sequences as f64 / engine.stats.generate_calls.max(1) as f64;
+    row.mean_batch = engine.stats.generated_tokens as f64 / engine.stats.decode_steps.max(1) as f64;
     Ok(row)
 }
 

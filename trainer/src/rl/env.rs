@@ -227,6 +227,37 @@ impl EnvClient {
         Ok(out)
     }
 
+    /// Send a step of each episode and return at once; [`EnvClient::step_wait`] takes the
+    /// results (what the continuous rollout does, so that decoding goes on while the server
+    /// searches). One request per `max_batch` actions, as [`EnvClient::step`].
+    pub fn step_start(&self, actions: &[(EpisodeId, String)]) -> PendingStep {
+        let mut parts = Vec::new();
+        for chunk in actions.chunks(self.max_batch()) {
+            let items: Vec<StepAction> = chunk
+                .iter()
+                .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()), data: None })
+                .collect();
+            self.sent(&self.counters.step);
+            let client = self.client.clone();
+            parts.push((self.rt.spawn(async move { client.step(items).await }), chunk.len()));
+        }
+        PendingStep { parts }
+    }
+
+    /// The results of a [`EnvClient::step_start`], waiting for them if they have not come.
+    pub fn step_wait(&self, pending: PendingStep) -> Result<Vec<Result<Observation, ErrorInfo>>, EnvError> {
+        let mut out = Vec::new();
+        for (handle, n) in pending.parts {
+            let r = self.rt.block_on(handle).map_err(|e| EnvError::Lost {
+                url: self.url.clone(),
+                live: self.live_episodes(),
+                why: format!("the step task ended: {e}"),
+            })?;
+            out.extend(self.classify(r, n)?);
+        }
+        Ok(out)
+    }
+
     /// Fork each `(episode, at_step)` once: one child each, in order.
     pub fn fork(&self, at: &[(EpisodeId, u32)]) -> Result<Vec<Result<EpisodeId, ErrorInfo>>, EnvError> {
         let limits = &self.client.welcome().limits;
@@ -273,6 +304,21 @@ impl EnvClient {
     /// Run an async call of the client on this handle's runtime.
     pub fn block_on<F: Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+}
+
+/// Step requests in flight (see [`EnvClient::step_start`]).
+#[derive(Debug)]
+pub struct PendingStep {
+    parts: Vec<(tokio::task::JoinHandle<StepReply>, usize)>,
+}
+
+type StepReply = Result<Vec<Result<Observation, ErrorInfo>>, ClientError>;
+
+impl PendingStep {
+    /// Every reply has arrived ([`EnvClient::step_wait`] will not block).
+    pub fn is_ready(&self) -> bool {
+        self.parts.iter().all(|(h, _)| h.is_finished())
     }
 }
 

@@ -159,6 +159,8 @@ fn train_resume_and_eval_from_the_command_line() {
             "1",
             "--max-new-tokens",
             "4",
+            "--schedule",
+            "continuous",
             "--env",
             &url,
         ])
@@ -179,6 +181,7 @@ fn train_resume_and_eval_from_the_command_line() {
         ("method = { kind = \"chain\", n = 4, k = 1 }\n", "unknown field `k`, expected `n`"),
         ("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n", "needs tree rollouts"),
         ("loss_agg = \"mean\"\n", "token-mean"),
+        ("rollout_schedule = \"overlapped\"\n", "expected `phased` or `continuous`"),
     ] {
         std::fs::write(&config, text).unwrap();
         let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();
@@ -199,7 +202,7 @@ fn train_resume_and_eval_from_the_command_line() {
 }
 
 /// `trainer train --config` with `method = { kind = "chain", n = 4 }`, the way a user runs chain
-/// GRPO: with a policy that earns rewards, every prompt group's advantages sum to zero (GRPO
+/// GRPO (here on the continuous schedule): with a policy that earns rewards, every prompt group's advantages sum to zero (GRPO
 /// centres them). Under the tree estimator, which chain runs used to get, a chain is a one-leaf
 /// tree and each group's sum would be the sum of its rewards.
 #[test]
@@ -220,7 +223,7 @@ fn chain_grpo_from_the_command_line_centres_every_group() {
              data_source = \"synthetic\"\nout_dir = {out:?}\nsteps = 3\nprompts_per_step = 4\n\
              method = {{ kind = \"chain\", n = 4 }}\nmax_turns = 4\nmax_obs_tokens = 200\nmax_new_tokens = 48\n\
              topk = 1\nmicro_batch = 8\nmini_batches = 2\nlr = 1e-4\neval_every = 0\nsave_every = 0\n\
-             save_rollouts = true\ndevice = \"cpu\"\n",
+             save_rollouts = true\ndevice = \"cpu\"\nrollout_schedule = \"continuous\"\n",
             train = world.train(),
             prompt = world.prompt(),
         ),
@@ -230,6 +233,7 @@ fn chain_grpo_from_the_command_line_centres_every_group() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(stderr.contains("chain n=4 with estimator grpo"), "{stderr}");
+    assert!(stderr.contains("continuous rollouts"), "{stderr}");
     let dir = grove_rundir::RunDir::new(&out);
     let mut unequal = 0;
     for step in 0..3 {

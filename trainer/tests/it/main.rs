@@ -9,6 +9,7 @@ mod generation;
 mod logprobs;
 mod model_parity;
 mod optim;
+mod running_batch;
 mod scratch;
 mod smollm2;
 mod tch_link;

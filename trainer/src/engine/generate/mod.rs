@@ -31,6 +31,7 @@
 
 #[cfg(feature = "bench-baseline")]
 pub mod legacy;
+mod running;
 mod sample;
 
 use std::collections::HashMap;
@@ -143,6 +144,10 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("a decode step returned {got} values for {rows} rows")]
     Transfer { got: usize, rows: usize },
+    #[error("sequence {0} is in the running batch (wait for its generation)")]
+    Running(SeqId),
+    #[error("the running batch samples with other settings; step it until it is empty first")]
+    MixedSampling,
 }
 
 /// Keys and values of consecutive positions of a sequence, one `[kv_heads, n, head_dim]` pair per
@@ -201,6 +206,9 @@ pub struct Engine<'m> {
     /// accelerator, where it overlaps host and device work; on the CPU it only adds a step per
     /// call). Outputs are the same either way.
     pub lookahead: bool,
+    /// Sequences admitted to the running batch and not placed yet (see [`Engine::admit`]).
+    queued: Vec<SeqId>,
+    running: Option<running::Running>,
 }
 
 /// The default [`Engine::nucleus_candidates`].
@@ -238,6 +246,8 @@ impl<'m> Engine<'m> {
             stats: EngineStats::default(),
             nucleus_candidates: NUCLEUS_CANDIDATES,
             lookahead: !matches!(model.device(), Device::Cpu),
+            queued: Vec::new(),
+            running: None,
         }
     }
 
@@ -268,6 +278,9 @@ impl<'m> Engine<'m> {
     /// Append tokens (an observation) to a sequence; they are encoded at its next generation.
     pub fn extend(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), EngineError> {
         self.check(tokens)?;
+        if self.is_running(seq) {
+            return Err(EngineError::Running(seq));
+        }
         self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSequence(seq))?.tokens.extend_from_slice(tokens);
         Ok(())
     }
@@ -276,6 +289,9 @@ impl<'m> Engine<'m> {
     /// pointer each: no copy, no re-encoding) and get independent random streams derived from
     /// the parent's seed.
     pub fn fork(&mut self, seq: SeqId, n: usize) -> Result<Vec<SeqId>, EngineError> {
+        if self.is_running(seq) {
+            return Err(EngineError::Running(seq));
+        }
         let parent = self.seqs.get_mut(&seq).ok_or(EngineError::UnknownSequence(seq))?;
         let mut made = Vec::with_capacity(n);
         for _ in 0..n {
@@ -302,7 +318,10 @@ impl<'m> Engine<'m> {
         self.seqs.get(&seq).map(|s| s.tokens.as_slice())
     }
 
+    /// Drop a sequence (and its place in the running batch's queue; a row already decoding
+    /// finishes and its generation is returned, with nothing kept).
     pub fn remove(&mut self, seq: SeqId) {
+        self.queued.retain(|&s| s != seq);
         self.seqs.remove(&seq);
     }
 
@@ -353,6 +372,9 @@ impl<'m> Engine<'m> {
         for &s in seqs {
             if !self.seqs.contains_key(&s) {
                 return Err(EngineError::UnknownSequence(s));
+            }
+            if self.is_running(s) {
+                return Err(EngineError::Running(s));
             }
         }
         self.stats.generate_calls += 1;

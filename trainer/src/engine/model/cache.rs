@@ -165,6 +165,46 @@ impl KvCache {
             .collect()
     }
 
+    /// Copy every valid position of `src`'s rows into batch rows `rows` (int64, one per `src`
+    /// row) of this cache from position `at`: one copy per layer for all the rows (admitting
+    /// rows into a running batch). Layers `src` lacks are left alone.
+    pub fn place_rows(&mut self, rows: &Tensor, at: i64, src: &KvCache) {
+        for (slot, from) in self.layers.iter_mut().zip(&src.layers) {
+            if let (Some(l), Some(f)) = (slot, from) {
+                let (k, v) = f.valid();
+                let _ = l.k.narrow(2, at, f.len).index_copy_(0, rows, &k);
+                let _ = l.v.narrow(2, at, f.len).index_copy_(0, rows, &v);
+            }
+        }
+    }
+
+    /// A new cache of `batch` rows (at least this cache's) and `capacity` positions holding
+    /// positions `from..from + len` of this cache's rows at position `to` (the rest zeros),
+    /// `to + len` positions valid: a running batch moving its live window and growing.
+    pub fn rebased(&self, batch: i64, capacity: i64, from: i64, len: i64, to: i64) -> KvCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.as_ref().map(|l| {
+                    let move_to = |old: &Tensor| {
+                        let mut size = old.size();
+                        let rows = size[0];
+                        size[0] = batch.max(rows);
+                        size[2] = capacity;
+                        let t = Tensor::zeros(&size, (old.kind(), old.device()));
+                        if len > 0 {
+                            t.narrow(0, 0, rows).narrow(2, to, len).copy_(&old.narrow(2, from, len));
+                        }
+                        t
+                    };
+                    LayerKv { k: move_to(&l.k), v: move_to(&l.v), len: to + len }
+                })
+            })
+            .collect();
+        KvCache { layers }
+    }
+
     /// Declare the first `len` positions valid (after [`KvCache::write_row`]).
     pub fn set_len(&mut self, len: i64) {
         for l in self.layers.iter_mut().flatten() {

@@ -13,7 +13,7 @@ use rand::Rng;
 use grove_protocol::{ActionKind, EpisodeId, EpisodeOptions, ErrorInfo, TaskSpec};
 
 use super::tree::{NodeId, Tree};
-use crate::engine::generate::{Engine, EngineError, Generation, SamplingParams, SeqId};
+use crate::engine::generate::{Engine, EngineError, SamplingParams, SeqId};
 use crate::engine::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 use crate::rl::env::{EnvClient, EnvError};
 use crate::rl::method::TreeShape;
@@ -44,6 +44,43 @@ impl RolloutError {
     }
 }
 
+/// How a rollout's generations are scheduled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    /// Turn by turn: each turn of every active chain is one engine call and one step request,
+    /// the tree's expansion rounds one after the other for all prompts, the tree picks drawn from
+    /// the caller's stream in prompt order (the schedule every published figure was made with).
+    #[default]
+    Phased,
+    /// One running batch that chains join and leave at any token, env steps answered while
+    /// decoding goes on, each prompt's next round started when its last round ended, the picks
+    /// drawn from a stream of each prompt's own (see `continuous.rs`). The same algorithm;
+    /// other random draws than `phased`.
+    Continuous,
+}
+
+impl Schedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Phased => "phased",
+            Schedule::Continuous => "continuous",
+        }
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "phased" => Ok(Schedule::Phased),
+            "continuous" => Ok(Schedule::Continuous),
+            other => Err(format!("unknown schedule `{other}`: expected `phased` or `continuous`")),
+        }
+    }
+}
+
 /// Agent-loop limits (spec §1.5; QA defaults).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -62,6 +99,8 @@ pub struct AgentConfig {
     pub max_context: usize,
     /// Search results per query; `None` takes the env-server's default.
     pub topk: Option<u32>,
+    /// How generations are scheduled.
+    pub schedule: Schedule,
 }
 
 impl Default for AgentConfig {
@@ -74,6 +113,7 @@ impl Default for AgentConfig {
             prompt_template: None,
             max_context: 4096,
             topk: None,
+            schedule: Schedule::Phased,
         }
     }
 }
@@ -129,7 +169,7 @@ pub struct StepRecord {
 
 impl StepRecord {
     /// The leaf of a trajectory that never ran (its episode could not be created or forked).
-    fn refused(failure: Failure) -> Self {
+    pub(super) fn refused(failure: Failure) -> Self {
         StepRecord {
             response: Vec::new(),
             logprobs: Vec::new(),
@@ -199,19 +239,81 @@ impl PromptRollout {
 
 /// A chain being continued: its prompt (in a batch of prompts) and tree, engine sequence, env
 /// episode and turns so far.
-struct Row {
-    prompt: usize,
-    tree: usize,
-    parent: NodeId,
-    seq: SeqId,
-    episode: EpisodeId,
-    steps: Vec<(StepRecord, bool)>,
+pub(super) struct Row {
+    pub(super) prompt: usize,
+    pub(super) tree: usize,
+    pub(super) parent: NodeId,
+    pub(super) seq: SeqId,
+    pub(super) episode: EpisodeId,
+    pub(super) steps: Vec<(StepRecord, bool)>,
 }
 
 /// Where a tree's root stands: its engine sequence, and its env episode or why there is none.
 struct Root {
     seq: SeqId,
     episode: Result<EpisodeId, ErrorInfo>,
+}
+
+/// One prompt's trees while they grow.
+pub(super) struct PromptState {
+    pub(super) prompt_tokens: Vec<u32>,
+    pub(super) trees: Vec<Tree<StepRecord>>,
+    roots: Vec<Root>,
+    pub(super) held: Vec<SeqId>,
+    pub(super) episodes: Vec<EpisodeId>,
+}
+
+/// A node picked for expansion (prompt `prompt`'s tree `tree`), and where its branch starts: the
+/// node's snapshot, env episode and step, or why it cannot start.
+pub(super) struct Pick {
+    pub(super) prompt: usize,
+    tree: usize,
+    node: NodeId,
+    at: Result<(SeqId, EpisodeId, u32), Failure>,
+}
+
+/// A pick's branch: a row to continue, or the pick and why it could not start.
+pub(super) type Started = Result<Row, (Pick, Failure)>;
+
+impl PromptState {
+    /// `n` picks per tree (spec §2.3), prompt `p`'s.
+    pub(super) fn picks(&self, p: usize, n: usize, rng: &mut impl Rng) -> Result<Vec<Pick>, RolloutError> {
+        let mut picks = Vec::new();
+        for (t, tree) in self.trees.iter().enumerate() {
+            for node in tree.pick(n, rng) {
+                let at = match tree.node(node).and_then(|n| n.step.as_ref()) {
+                    Some(step) => match (step.snapshot, step.episode) {
+                        (Some(seq), Some(episode)) => Ok((seq, episode, step.env_step)),
+                        _ => return Err(RolloutError::Internal("an expandable node has no snapshot")),
+                    },
+                    None => match &self.roots[t].episode {
+                        Ok(episode) => Ok((self.roots[t].seq, *episode, 0)),
+                        Err(info) => Err(Failure::new(Refused::Create, info)),
+                    },
+                };
+                picks.push(Pick { prompt: p, tree: t, node, at });
+            }
+        }
+        Ok(picks)
+    }
+
+    /// A pick that could not start: a failed leaf below its node.
+    pub(super) fn refuse(&mut self, pick: &Pick, failure: Failure) -> Result<(), RolloutError> {
+        self.trees[pick.tree].add_chain(pick.node, vec![(StepRecord::refused(failure), true)])?;
+        Ok(())
+    }
+
+    /// The rollout, holding the roots and every node's snapshot.
+    pub(super) fn finish(mut self) -> PromptRollout {
+        for tree in &self.trees {
+            for id in 0..tree.len() {
+                if let Some(seq) = tree.node(id).and_then(|n| n.step.as_ref()).and_then(|s| s.snapshot) {
+                    self.held.push(seq);
+                }
+            }
+        }
+        PromptRollout { prompt_tokens: self.prompt_tokens, trees: self.trees, held: self.held, episodes: self.episodes }
+    }
 }
 
 pub struct Rollout<'a, 'm> {
@@ -243,54 +345,7 @@ impl Rollout<'_, '_> {
             let results = self.env.step(&actions)?;
             let mut still = Vec::new();
             for ((&i, g), result) in active.iter().zip(gens).zip(results) {
-                let row = &mut rows[i];
-                let Generation { tokens, logprobs, .. } = g;
-                let obs = match result {
-                    Ok(obs) => obs,
-                    Err(info) => {
-                        let failure = Failure::new(Refused::Step, &info);
-                        let step = StepRecord {
-                            response: tokens,
-                            logprobs,
-                            episode: Some(row.episode),
-                            env_step: row.steps.last().map_or(0, |s| s.0.env_step),
-                            ..StepRecord::refused(failure)
-                        };
-                        row.steps.push((step, true));
-                        continue;
-                    }
-                };
-                if obs.kind == ActionKind::Search && !obs.forced_final {
-                    self.cost.tool_calls += 1;
-                }
-                if let Some(e) = &obs.error {
-                    *self.cost.tool_errors.entry(e.code.name().to_string()).or_default() += 1;
-                }
-                let mut obs_tokens = if obs.text.is_empty() { Vec::new() } else { self.tok.encode(&obs.text)? };
-                let observation_truncated = obs_tokens.len() > self.config.max_obs_tokens;
-                obs_tokens.truncate(self.config.max_obs_tokens);
-                self.engine.extend(row.seq, &obs_tokens)?;
-                let snapshot = if obs.done { None } else { Some(self.engine.fork(row.seq, 1)?[0]) };
-                row.steps.push((
-                    StepRecord {
-                        response: tokens,
-                        logprobs,
-                        observation: obs_tokens,
-                        kind: obs.kind,
-                        done: obs.done,
-                        reward: obs.reward.as_ref().map(|r| r.score),
-                        metric: obs.reward.as_ref().map(|r| r.metric_value),
-                        outcome: obs.reward,
-                        observation_truncated,
-                        episode: Some(row.episode),
-                        env_step: obs.step,
-                        snapshot,
-                        tool_error: obs.error.map(|e| e.code),
-                        failure: None,
-                    },
-                    obs.done,
-                ));
-                if !obs.done {
+                if self.record(&mut rows[i], g, result)? {
                     still.push(i);
                 }
             }
@@ -300,7 +355,7 @@ impl Rollout<'_, '_> {
     }
 
     /// Cut a context longer than `max_context` from the left (a new sequence, re-encoded).
-    fn truncate_context(&mut self, row: &mut Row) -> Result<(), RolloutError> {
+    pub(super) fn truncate_context(&mut self, row: &mut Row) -> Result<(), RolloutError> {
         let Some(tokens) = self.engine.tokens(row.seq) else { return Ok(()) };
         let max = self.config.max_context.max(1);
         if tokens.len() <= max {
@@ -325,7 +380,7 @@ impl Rollout<'_, '_> {
         Ok(out.remove(0))
     }
 
-    fn prompt_tokens(&self, prompt: &str) -> Result<Vec<u32>, RolloutError> {
+    pub(super) fn prompt_tokens(&self, prompt: &str) -> Result<Vec<u32>, RolloutError> {
         let text = self.tok.apply_chat_template(&[ChatMessage::new("user", prompt.to_string())], true)?;
         Ok(self.tok.encode(&text)?)
     }
@@ -340,14 +395,49 @@ impl Rollout<'_, '_> {
         shape: TreeShape,
         rng: &mut impl Rng,
     ) -> Result<Vec<PromptRollout>, RolloutError> {
+        if self.config.schedule == Schedule::Continuous {
+            return self.run_continuous(tasks, shape, rng);
+        }
         let before = self.engine.stats;
+        let (mut prompts, mut rows) = self.start_prompts(tasks, shape, |_| rng.random::<u64>())?;
+        self.continue_rows(&mut rows)?;
+        self.attach(&mut prompts, rows)?;
+        for _round in 0..shape.l {
+            // All picks of the round first (spec §2.3), then one Fork request for all of them.
+            let mut picks = Vec::new();
+            for (p, prompt) in prompts.iter().enumerate() {
+                picks.extend(prompt.picks(p, shape.n, rng)?);
+            }
+            let mut rows = Vec::new();
+            for started in self.start_picks(picks)? {
+                match started {
+                    Ok(row) => {
+                        prompts[row.prompt].episodes.push(row.episode);
+                        rows.push(row);
+                    }
+                    Err((pick, failure)) => prompts[pick.prompt].refuse(&pick, failure)?,
+                }
+            }
+            self.continue_rows(&mut rows)?;
+            self.attach(&mut prompts, rows)?;
+        }
+        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
+        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
+        Ok(prompts.into_iter().map(PromptState::finish).collect())
+    }
+
+    /// Create every task's M episodes (one request) and each tree's root sequence, seeded by
+    /// `seed(prompt)` called once per tree in order; the trees' first chains, to continue, and
+    /// each prompt's state. A refused create is a failed leaf at the root.
+    pub(super) fn start_prompts(
+        &mut self,
+        tasks: &[TaskSpec],
+        shape: TreeShape,
+        mut seed: impl FnMut(usize) -> u64,
+    ) -> Result<(Vec<PromptState>, Vec<Row>), RolloutError> {
         let creates: Vec<TaskSpec> = tasks.iter().flat_map(|t| std::iter::repeat_n(t.clone(), shape.m)).collect();
         let starts = self.env.create(&creates, &self.config.episode_options())?;
         let mut prompts = Vec::with_capacity(tasks.len());
-        let mut trees: Vec<Vec<Tree<StepRecord>>> = Vec::with_capacity(tasks.len());
-        let mut episodes: Vec<Vec<EpisodeId>> = Vec::with_capacity(tasks.len());
-        let mut roots: Vec<Vec<Root>> = Vec::with_capacity(tasks.len());
-        let mut held: Vec<Vec<SeqId>> = Vec::with_capacity(tasks.len());
         let mut rows = Vec::with_capacity(starts.len());
         for (p, mine) in starts.chunks(shape.m.max(1)).enumerate().take(tasks.len()) {
             // Every tree of a prompt gets the same prompt text; a refused tree has none.
@@ -356,95 +446,61 @@ impl Rollout<'_, '_> {
                 Some(text) => self.prompt_tokens(text)?,
                 None => Vec::new(),
             };
-            let mut prompt_trees: Vec<Tree<StepRecord>> = (0..shape.m).map(|_| Tree::new()).collect();
-            let mut prompt_roots = Vec::with_capacity(shape.m);
-            let mut prompt_held = Vec::new();
+            let mut state = PromptState {
+                trees: (0..shape.m).map(|_| Tree::new()).collect(),
+                roots: Vec::with_capacity(shape.m),
+                held: Vec::new(),
+                episodes: mine.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect(),
+                prompt_tokens,
+            };
             for (t, start) in mine.iter().enumerate() {
-                let seed = rng.random::<u64>();
+                let seed = seed(p);
                 match start {
                     Ok(s) => {
-                        let root = self.engine.add(prompt_tokens.clone(), seed)?;
-                        prompt_held.push(root);
+                        let root = self.engine.add(state.prompt_tokens.clone(), seed)?;
+                        state.held.push(root);
                         let seq = self.engine.fork(root, 1)?[0];
                         let parent = Tree::<StepRecord>::ROOT;
                         rows.push(Row { prompt: p, tree: t, parent, seq, episode: s.episode, steps: Vec::new() });
-                        prompt_roots.push(Root { seq: root, episode: Ok(s.episode) });
+                        state.roots.push(Root { seq: root, episode: Ok(s.episode) });
                     }
                     Err(info) => {
                         let leaf = StepRecord::refused(Failure::new(Refused::Create, info));
-                        prompt_trees[t].add_chain(Tree::<StepRecord>::ROOT, vec![(leaf, true)])?;
-                        prompt_roots.push(Root { seq: 0, episode: Err(info.clone()) });
+                        state.trees[t].add_chain(Tree::<StepRecord>::ROOT, vec![(leaf, true)])?;
+                        state.roots.push(Root { seq: 0, episode: Err(info.clone()) });
                     }
                 }
             }
-            prompts.push(prompt_tokens);
-            trees.push(prompt_trees);
-            episodes.push(mine.iter().filter_map(|s| s.as_ref().ok().map(|s| s.episode)).collect());
-            roots.push(prompt_roots);
-            held.push(prompt_held);
+            prompts.push(state);
         }
-        self.continue_rows(&mut rows)?;
-        self.attach(&mut trees, rows)?;
-        for _round in 0..shape.l {
-            // All picks of the round first (spec §2.3), then one Fork request for all of them.
-            let mut picks = Vec::new();
-            for (p, prompt_trees) in trees.iter().enumerate() {
-                for (t, tree) in prompt_trees.iter().enumerate() {
-                    for node in tree.pick(shape.n, rng) {
-                        let at = match tree.node(node).and_then(|n| n.step.as_ref()) {
-                            Some(step) => match (step.snapshot, step.episode) {
-                                (Some(seq), Some(episode)) => Ok((seq, episode, step.env_step)),
-                                _ => return Err(RolloutError::Internal("an expandable node has no snapshot")),
-                            },
-                            None => match &roots[p][t].episode {
-                                Ok(episode) => Ok((roots[p][t].seq, *episode, 0)),
-                                Err(info) => Err(Failure::new(Refused::Create, info)),
-                            },
-                        };
-                        picks.push((p, t, node, at));
-                    }
+        Ok((prompts, rows))
+    }
+
+    /// Fork the env episode of every pick that has one (one request) and an engine sequence at
+    /// its node's snapshot: each pick becomes a row to continue, or the failure that ends it.
+    pub(super) fn start_picks(&mut self, picks: Vec<Pick>) -> Result<Vec<Started>, RolloutError> {
+        let fork_at: Vec<(EpisodeId, u32)> =
+            picks.iter().filter_map(|pick| pick.at.as_ref().ok().map(|&(_, e, s)| (e, s))).collect();
+        let mut forked = if fork_at.is_empty() { Vec::new() } else { self.env.fork(&fork_at)? }.into_iter();
+        let mut out = Vec::with_capacity(picks.len());
+        for pick in picks {
+            let result = match &pick.at {
+                Ok((seq, _, _)) => match forked.next() {
+                    Some(Ok(episode)) => Ok((*seq, episode)),
+                    Some(Err(info)) => Err(Failure::new(Refused::Fork, &info)),
+                    None => return Err(RolloutError::Internal("a fork request item got no reply")),
+                },
+                Err(f) => Err(f.clone()),
+            };
+            out.push(match result {
+                Ok((snapshot, episode)) => {
+                    let seq = self.engine.fork(snapshot, 1)?[0];
+                    self.cost.forks += 1;
+                    let (prompt, tree, parent) = (pick.prompt, pick.tree, pick.node);
+                    Ok(Row { prompt, tree, parent, seq, episode, steps: Vec::new() })
                 }
-            }
-            let fork_at: Vec<(EpisodeId, u32)> =
-                picks.iter().filter_map(|(.., at)| at.as_ref().ok().map(|&(_, e, s)| (e, s))).collect();
-            let mut forked = self.env.fork(&fork_at)?.into_iter();
-            let mut rows = Vec::new();
-            for (p, t, node, at) in picks {
-                let result = match at {
-                    Ok((seq, _, _)) => match forked.next() {
-                        Some(Ok(episode)) => Ok((seq, episode)),
-                        Some(Err(info)) => Err(Failure::new(Refused::Fork, &info)),
-                        None => return Err(RolloutError::Internal("a fork request item got no reply")),
-                    },
-                    Err(f) => Err(f),
-                };
-                match result {
-                    Ok((snapshot, episode)) => {
-                        let seq = self.engine.fork(snapshot, 1)?[0];
-                        episodes[p].push(episode);
-                        self.cost.forks += 1;
-                        rows.push(Row { prompt: p, tree: t, parent: node, seq, episode, steps: Vec::new() });
-                    }
-                    Err(failure) => {
-                        trees[p][t].add_chain(node, vec![(StepRecord::refused(failure), true)])?;
-                    }
-                }
-            }
-            self.continue_rows(&mut rows)?;
-            self.attach(&mut trees, rows)?;
-        }
-        self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
-        self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
-        let mut out = Vec::with_capacity(tasks.len());
-        for (((prompt_tokens, trees), episodes), mut held) in prompts.into_iter().zip(trees).zip(episodes).zip(held) {
-            for tree in &trees {
-                for id in 0..tree.len() {
-                    if let Some(seq) = tree.node(id).and_then(|n| n.step.as_ref()).and_then(|s| s.snapshot) {
-                        held.push(seq);
-                    }
-                }
-            }
-            out.push(PromptRollout { prompt_tokens, trees, held, episodes });
+                Err(failure) => Err((pick, failure)),
+            });
         }
         Ok(out)
     }
@@ -467,7 +523,22 @@ impl Rollout<'_, '_> {
                 Err(info) => out[i].push(StepRecord::refused(Failure::new(Refused::Create, info))),
             }
         }
-        self.continue_rows(&mut rows)?;
+        let rows = match self.config.schedule {
+            Schedule::Phased => {
+                self.continue_rows(&mut rows)?;
+                rows
+            }
+            Schedule::Continuous => {
+                let mut ended = Vec::with_capacity(rows.len());
+                let mut ready: std::collections::VecDeque<usize> = (0..rows.len()).collect();
+                let mut live: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
+                self.run_rows(&mut live, &mut ready, |_, row, _, _| {
+                    ended.push(row);
+                    Ok(())
+                })?;
+                ended
+            }
+        };
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
         self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
         for row in rows {
@@ -483,10 +554,10 @@ impl Rollout<'_, '_> {
         Ok(out)
     }
 
-    fn attach(&mut self, trees: &mut [Vec<Tree<StepRecord>>], rows: Vec<Row>) -> Result<(), RolloutError> {
+    fn attach(&mut self, prompts: &mut [PromptState], rows: Vec<Row>) -> Result<(), RolloutError> {
         for row in rows {
             self.engine.remove(row.seq);
-            trees[row.prompt][row.tree].add_chain(row.parent, row.steps)?;
+            prompts[row.prompt].trees[row.tree].add_chain(row.parent, row.steps)?;
         }
         Ok(())
     }

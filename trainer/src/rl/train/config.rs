@@ -15,7 +15,7 @@ use crate::rl::algo::loss::{Aggregation, LossConfig};
 use crate::rl::algo::schedule::WarmupConstant;
 use crate::rl::algo::update::UpdateConfig;
 use crate::rl::method::{Method, MethodError};
-use crate::rl::rollout::agent::AgentConfig;
+use crate::rl::rollout::agent::{AgentConfig, Schedule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -86,6 +86,10 @@ pub struct TrainConfig {
     /// Prompts rolled out together with their generations batched (0: all prompts of a step):
     /// bounds the engine's batch at this many x M x N sequences.
     pub rollout_batch_prompts: usize,
+    /// `phased` (each turn of every chain one engine call, the expansion rounds one after the
+    /// other) or `continuous` (one running batch that chains join and leave at any token; other
+    /// random draws than `phased`).
+    pub rollout_schedule: Schedule,
     /// `{ kind = "tree", m, n, l, k }` or `{ kind = "chain", n }`.
     pub method: Method,
     /// Advantage estimator; default: the method's (tree -> `tree`, chain -> `grpo`).
@@ -165,6 +169,7 @@ impl Default for TrainConfig {
             steps: 180,
             prompts_per_step: 512,
             rollout_batch_prompts: 32,
+            rollout_schedule: Schedule::Phased,
             method: Method::tree(2, 2, 1, 3),
             estimator: None,
             lr: 1e-6,
@@ -322,6 +327,7 @@ impl TrainConfig {
             prompt_template,
             max_context: self.max_context,
             topk: self.topk,
+            schedule: self.rollout_schedule,
         }
     }
 
@@ -379,6 +385,11 @@ mod tests {
             crate::engine::optim::OptimState::Compact
         );
         assert!(parse("optim_state = \"8bit\"\n").is_err());
+        let e = parse("rollout_schedule = \"async\"\n").unwrap_err();
+        assert!(e.contains("expected `phased` or `continuous`"), "{e}");
+        let continuous = parse("rollout_schedule = \"continuous\"\n").unwrap().step_config().unwrap();
+        assert_eq!(continuous.agent.schedule, Schedule::Continuous);
+        assert_eq!(parse("").unwrap().step_config().unwrap().agent.schedule, Schedule::Phased);
         let e = parse("device = \"gpu\"\n").unwrap_err();
         assert!(e.contains("expected auto, cpu, cuda or cuda:N"), "{e}");
         let chain_tree = parse("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n").unwrap();
