@@ -445,6 +445,17 @@ fn continuous_rollouts_build_the_phased_schedules_trees() {
         alone.release(&mut engine);
         env.close(&alone.episodes).unwrap();
     }
+    // Two prompts in flight at a time, the next starting when one ends: the same trees again.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let creates = env.requests().create;
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &sampled, cost: Default::default() };
+    let windowed = r.run_continuous(&tasks, 2, shape, &mut rng).unwrap();
+    assert!(env.requests().create - creates >= 2, "prompts created as they enter");
+    for (got, want) in windowed.iter().zip(&together) {
+        assert_eq!(tree_tokens(got), tree_tokens(want));
+        got.release(&mut engine);
+        env.close(&got.episodes).unwrap();
+    }
     assert_eq!(engine.kv_bytes(), 0, "released");
     assert_eq!(env.block_on(env.client().stats()).unwrap().episodes_live, 0);
 }

@@ -26,28 +26,40 @@ pub fn budget_rows(
     use crate::measure::budget::{BudgetRow, Measure, compare, measure};
     let compared = compare((model, tok), env, tasks, agent, &[tree, chain], 0)?;
     let (tree_row, chain_row) = (&compared[0], &compared[1]);
-    // Timed as training rolls out: every prompt of the batch together, on both schedules, the
-    // four arms alternating (forward, then backward).
-    let all = Measure { seed: 0, batch_prompts: 0, replay: false };
+    // Timed as training rolls out, on both schedules: every prompt together, and half of them
+    // at a time (the phased schedule's batches of prompts; the continuous schedule's prompts in
+    // flight, the next starting when one ends). The arms alternate (forward, then backward).
     let continuous = AgentConfig { schedule: Schedule::Continuous, ..agent.clone() };
     let phased = AgentConfig { schedule: Schedule::Phased, ..agent.clone() };
-    let arms: [(Method, &AgentConfig); 4] =
-        [(tree, &phased), (chain, &phased), (tree, &continuous), (chain, &continuous)];
-    let mut secs: [Vec<f64>; 4] = Default::default();
-    let mut last: [Option<BudgetRow>; 4] = Default::default();
+    let half = (tasks.len() / 2).max(1);
+    let mut arms: Vec<(Method, &AgentConfig, usize)> = Vec::new();
+    for batch in [0, half] {
+        for config in [&phased, &continuous] {
+            arms.extend([(tree, config, batch), (chain, config, batch)]);
+        }
+    }
+    let mut secs: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
+    let mut last: Vec<Option<BudgetRow>> = vec![None; arms.len()];
     for rep in 0..repeats.max(1) {
-        let order: Vec<usize> = if rep % 2 == 0 { vec![0, 1, 2, 3] } else { vec![3, 2, 1, 0] };
+        let mut order: Vec<usize> = (0..arms.len()).collect();
+        if rep % 2 == 1 {
+            order.reverse();
+        }
         for a in order {
-            let (m, config) = arms[a];
-            let r = measure((model, tok), env, tasks, config, m, all)?;
+            let (m, config, batch_prompts) = arms[a];
+            let r = measure((model, tok), env, tasks, config, m, Measure { seed: 0, batch_prompts, replay: false })?;
             secs[a].push(r.rollout_seconds);
             last[a] = Some(r);
         }
     }
-    let [tree_t, chain_t, tree_ct, chain_ct] = secs.map(median);
-    let [Some(batched), Some(chain_batched), Some(tree_cont), Some(chain_cont)] = last else { return Ok(Vec::new()) };
+    let timed: Vec<(BudgetRow, f64)> =
+        last.into_iter().zip(secs).filter_map(|(r, s)| r.map(|r| (r, median(s)))).collect();
+    if timed.len() != arms.len() {
+        return Ok(Vec::new());
+    }
     let shallow_agent = AgentConfig { max_turns: 1, ..agent.clone() };
-    let shallow = measure((model, tok), env, tasks, &shallow_agent, tree, Measure { batch_prompts: 1, ..all })?;
+    let shallow =
+        measure((model, tok), env, tasks, &shallow_agent, tree, Measure { seed: 0, batch_prompts: 1, replay: false })?;
     let p = tasks.len().max(1) as f64;
     let setting = format!(
         "real rollout, {} prompts, <= {} turns x {} tokens",
@@ -94,15 +106,13 @@ pub fn budget_rows(
         ));
     }
     let rate = |r: &BudgetRow, secs: f64| r.generated_tokens as f64 / secs.max(1e-9);
-    for (r, t, how) in [
-        (&batched, tree_t, "phased"),
-        (&chain_batched, chain_t, "phased"),
-        (&tree_cont, tree_ct, "continuous"),
-        (&chain_cont, chain_ct, "continuous"),
-    ] {
+    let in_flight = |batch: usize| {
+        if batch == 0 { "all prompts together".to_string() } else { format!("{batch} prompts at a time") }
+    };
+    for ((r, t), &(_, config, batch)) in timed.iter().zip(&arms) {
         rows.push(BenchRow::new(
-            format!("{}: rollout, all prompts batched, {how}", r.label()),
-            format!("{:.1}", rate(r, t)),
+            format!("{}: rollout, {}, {}", r.label(), in_flight(batch), config.schedule.name()),
+            format!("{:.1}", rate(r, *t)),
             "tokens/s",
             format!(
                 "generated; {t:.2} s (median of {} alternating runs), {:.1} rows per decode step, {} tokens",
@@ -112,30 +122,26 @@ pub fn budget_rows(
             ),
         ));
     }
-    rows.push(BenchRow::new(
-        format!("  {} vs {}: generated tokens/s, batched, phased", tree_row.label(), chain_row.label()),
-        format!("{:.2}x", rate(&batched, tree_t) / rate(&chain_batched, chain_t).max(1e-9)),
-        "ratio",
-        "same prompts, all rolled out together as training does",
-    ));
-    rows.push(BenchRow::new(
-        format!("  {} vs {}: generated tokens/s, batched, continuous", tree_row.label(), chain_row.label()),
-        format!("{:.2}x", rate(&tree_cont, tree_ct) / rate(&chain_cont, chain_ct).max(1e-9)),
-        "ratio",
-        "same prompts; the target is 0.9x",
-    ));
-    rows.push(BenchRow::new(
-        format!("  {}: continuous vs phased, generated tokens/s", tree_row.label()),
-        format!("{:.2}x", rate(&tree_cont, tree_ct) / rate(&batched, tree_t).max(1e-9)),
-        "ratio",
-        format!(
-            "chain: {:.2}x; the schedules draw differently, so their rollouts differ (tokens above)",
-            rate(&chain_cont, chain_ct) / rate(&chain_batched, chain_t).max(1e-9)
-        ),
-    ));
+    // Arms come in (tree, chain) pairs.
+    for (pair, arm) in timed.chunks(2).zip(arms.chunks(2)) {
+        let ((tree_r, tree_t), (chain_r, chain_t)) = (&pair[0], &pair[1]);
+        let (_, config, batch) = arm[0];
+        rows.push(BenchRow::new(
+            format!(
+                "  {} vs {}: tokens/s, {}, {}",
+                tree_row.label(),
+                chain_row.label(),
+                in_flight(batch),
+                config.schedule.name()
+            ),
+            format!("{:.2}x", rate(tree_r, *tree_t) / rate(chain_r, *chain_t).max(1e-9)),
+            "ratio",
+            "same prompts and policy; the target is 0.9x",
+        ));
+    }
     rows.push(BenchRow::new(
         format!("  {}: batched vs one prompt at a time", tree_row.label()),
-        format!("{:.2}x", rate(&batched, tree_t) / rate(tree_row, tree_row.rollout_seconds).max(1e-9)),
+        format!("{:.2}x", rate(&timed[0].0, timed[0].1) / rate(tree_row, tree_row.rollout_seconds).max(1e-9)),
         "ratio",
         format!("generated tokens/s; one at a time: {:.1} tokens/s", rate(tree_row, tree_row.rollout_seconds)),
     ));

@@ -396,10 +396,10 @@ impl Rollout<'_, '_> {
         rng: &mut impl Rng,
     ) -> Result<Vec<PromptRollout>, RolloutError> {
         if self.config.schedule == Schedule::Continuous {
-            return self.run_continuous(tasks, shape, rng);
+            return self.run_continuous(tasks, 0, shape, rng);
         }
         let before = self.engine.stats;
-        let (mut prompts, mut rows) = self.start_prompts(tasks, shape, |_| rng.random::<u64>())?;
+        let (mut prompts, mut rows) = self.start_prompts(tasks, 0, shape, |_| rng.random::<u64>())?;
         self.continue_rows(&mut rows)?;
         self.attach(&mut prompts, rows)?;
         for _round in 0..shape.l {
@@ -428,10 +428,12 @@ impl Rollout<'_, '_> {
 
     /// Create every task's M episodes (one request) and each tree's root sequence, seeded by
     /// `seed(prompt)` called once per tree in order; the trees' first chains, to continue, and
-    /// each prompt's state. A refused create is a failed leaf at the root.
+    /// each prompt's state. A refused create is a failed leaf at the root. Prompts are numbered
+    /// from `first`.
     pub(super) fn start_prompts(
         &mut self,
         tasks: &[TaskSpec],
+        first: usize,
         shape: TreeShape,
         mut seed: impl FnMut(usize) -> u64,
     ) -> Result<(Vec<PromptState>, Vec<Row>), RolloutError> {
@@ -439,7 +441,8 @@ impl Rollout<'_, '_> {
         let starts = self.env.create(&creates, &self.config.episode_options())?;
         let mut prompts = Vec::with_capacity(tasks.len());
         let mut rows = Vec::with_capacity(starts.len());
-        for (p, mine) in starts.chunks(shape.m.max(1)).enumerate().take(tasks.len()) {
+        for (i, mine) in starts.chunks(shape.m.max(1)).enumerate().take(tasks.len()) {
+            let p = first + i;
             // Every tree of a prompt gets the same prompt text; a refused tree has none.
             let prompt = mine.iter().find_map(|s| s.as_ref().ok()).map(|s| s.prompt.clone());
             let prompt_tokens = match &prompt {

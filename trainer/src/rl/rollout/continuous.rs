@@ -33,29 +33,26 @@ struct Prompt {
 }
 
 impl Rollout<'_, '_> {
-    /// Tree rollouts for several tasks on the running batch; see the module's documentation.
-    pub(super) fn run_continuous(
+    /// Tree rollouts for several tasks on the running batch, at most `window` prompts (0: all)
+    /// in flight: the next prompt starts (its episodes created) when one ends, so the batch
+    /// stays full across what would be the phased schedule's batches of prompts. Rollouts are
+    /// returned in task order; see the module's documentation.
+    pub fn run_continuous(
         &mut self,
         tasks: &[TaskSpec],
+        window: usize,
         shape: TreeShape,
         rng: &mut impl Rng,
     ) -> Result<Vec<PromptRollout>, RolloutError> {
         let before = self.engine.stats;
-        let mut streams: Vec<ChaCha8Rng> =
-            (0..tasks.len()).map(|_| ChaCha8Rng::seed_from_u64(rng.random::<u64>())).collect();
-        let (states, first) = self.start_prompts(tasks, shape, |p| streams[p].random::<u64>())?;
-        let mut prompts: Vec<Prompt> =
-            states.into_iter().zip(streams).map(|(state, rng)| Prompt { state, rng, round: 0, running: 0 }).collect();
-        let mut ready: VecDeque<usize> = (0..first.len()).collect();
-        for row in &first {
-            prompts[row.prompt].running += 1;
-        }
-        let mut rows: Vec<Option<Row>> = first.into_iter().map(Some).collect();
-        for (p, prompt) in prompts.iter_mut().enumerate() {
-            if prompt.running == 0 {
-                self.next_round(prompt, p, shape, &mut rows, &mut ready)?;
-            }
-        }
+        let window = if window == 0 { tasks.len() } else { window };
+        let mut streams: Vec<Option<ChaCha8Rng>> =
+            (0..tasks.len()).map(|_| Some(ChaCha8Rng::seed_from_u64(rng.random::<u64>()))).collect();
+        let mut prompts: Vec<Prompt> = Vec::with_capacity(tasks.len());
+        let mut rows: Vec<Option<Row>> = Vec::new();
+        let mut ready: VecDeque<usize> = VecDeque::new();
+        let mut active = 0;
+        self.enter(tasks, window, shape, (streams.as_mut_slice(), &mut prompts, &mut active), &mut rows, &mut ready)?;
         self.run_rows(&mut rows, &mut ready, |this, row, rows, ready| {
             let prompt = &mut prompts[row.prompt];
             let p = row.prompt;
@@ -64,15 +61,61 @@ impl Rollout<'_, '_> {
             prompt.running -= 1;
             if prompt.running == 0 {
                 this.next_round(prompt, p, shape, rows, ready)?;
+                if prompt.running == 0 {
+                    active -= 1;
+                    this.enter(tasks, window, shape, (streams.as_mut_slice(), &mut prompts, &mut active), rows, ready)?;
+                }
             }
             Ok(())
         })?;
-        if rows.iter().any(Option::is_some) {
-            return Err(RolloutError::Internal("a row never ended"));
+        if rows.iter().any(Option::is_some) || prompts.len() < tasks.len() {
+            return Err(RolloutError::Internal("a row or a prompt never ended"));
         }
         self.cost.generated_tokens += self.engine.stats.generated_tokens - before.generated_tokens;
         self.cost.prefill_tokens += self.engine.stats.prefill_tokens - before.prefill_tokens;
         Ok(prompts.into_iter().map(|p| p.state.finish()).collect())
+    }
+
+    /// Start the next prompts while fewer than `window` are in flight (one create request for
+    /// them), queueing their first chains; a prompt that cannot start a chain goes on to its
+    /// rounds, and one that has nothing to run ends at once.
+    fn enter(
+        &mut self,
+        tasks: &[TaskSpec],
+        window: usize,
+        shape: TreeShape,
+        (streams, prompts, active): (&mut [Option<ChaCha8Rng>], &mut Vec<Prompt>, &mut usize),
+        rows: &mut Vec<Option<Row>>,
+        ready: &mut VecDeque<usize>,
+    ) -> Result<(), RolloutError> {
+        while *active < window && prompts.len() < tasks.len() {
+            let from = prompts.len();
+            let to = (from + window - *active).min(tasks.len());
+            let mut mine: Vec<ChaCha8Rng> = streams[from..to]
+                .iter_mut()
+                .map(|s| s.take().ok_or(RolloutError::Internal("a prompt entered twice")))
+                .collect::<Result<_, _>>()?;
+            let (states, first) =
+                self.start_prompts(&tasks[from..to], from, shape, |p| mine[p - from].random::<u64>())?;
+            for (state, rng) in states.into_iter().zip(mine) {
+                prompts.push(Prompt { state, rng, round: 0, running: 0 });
+            }
+            *active += to - from;
+            for row in first {
+                prompts[row.prompt].running += 1;
+                ready.push_back(rows.len());
+                rows.push(Some(row));
+            }
+            for (p, prompt) in prompts.iter_mut().enumerate().skip(from) {
+                if prompt.running == 0 {
+                    self.next_round(prompt, p, shape, rows, ready)?;
+                    if prompt.running == 0 {
+                        *active -= 1;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Prompt `p`'s round ended: pick and fork its next round's branches (one fork request),
@@ -112,7 +155,8 @@ impl Rollout<'_, '_> {
         mut ended: impl FnMut(&mut Self, Row, &mut Vec<Option<Row>>, &mut VecDeque<usize>) -> Result<(), RolloutError>,
     ) -> Result<(), RolloutError> {
         let mut decoding: HashMap<SeqId, usize> = HashMap::new();
-        let mut in_flight: VecDeque<(PendingStep, Vec<(usize, Generation)>)> = VecDeque::new();
+        // The actions sent after the last decode step, and their rows.
+        let mut in_flight: Option<(PendingStep, Vec<(usize, Generation)>)> = None;
         loop {
             while let Some(i) = ready.pop_front() {
                 let row = rows[i].as_mut().ok_or(RolloutError::Internal("a ready row was attached"))?;
@@ -120,28 +164,15 @@ impl Rollout<'_, '_> {
                 self.engine.admit(row.seq)?;
                 decoding.insert(row.seq, i);
             }
-            if self.engine.running_rows() > 0 {
-                let finished = self.engine.step(&self.config.sampling, self.tok)?;
-                if !finished.is_empty() {
-                    let mut actions = Vec::with_capacity(finished.len());
-                    let mut which = Vec::with_capacity(finished.len());
-                    for g in finished {
-                        let i = decoding.remove(&g.seq).ok_or(RolloutError::Internal("a generation of no row"))?;
-                        let row = rows[i].as_ref().ok_or(RolloutError::Internal("a decoding row was attached"))?;
-                        actions.push((row.episode, g.text.clone()));
-                        which.push((i, g));
-                    }
-                    in_flight.push_back((self.env.step_start(&actions), which));
-                }
-            } else if in_flight.is_empty() {
-                break;
-            }
-            // Take the replies that have come; wait for the oldest when nothing decodes.
-            while let Some((pending, _)) = in_flight.front() {
-                if !pending.is_ready() && self.engine.running_rows() > 0 {
-                    break;
-                }
-                let Some((pending, which)) = in_flight.pop_front() else { break };
+            let finished = if self.engine.running_rows() > 0 {
+                self.engine.step(&self.config.sampling, self.tok)?
+            } else {
+                Vec::new()
+            };
+            // The replies to the actions sent before this step: they had the step's time to come
+            // back, and are taken now whether or not they had (so that which rows decode
+            // together never depends on the server's timing).
+            if let Some((pending, which)) = in_flight.take() {
                 let results = self.env.step_wait(pending)?;
                 if results.len() != which.len() {
                     return Err(RolloutError::Internal("a step reply of another length"));
@@ -155,12 +186,22 @@ impl Rollout<'_, '_> {
                         ended(self, row, rows, ready)?;
                     }
                 }
-                if !ready.is_empty() {
-                    break;
+            }
+            if !finished.is_empty() {
+                let mut actions = Vec::with_capacity(finished.len());
+                let mut which = Vec::with_capacity(finished.len());
+                for g in finished {
+                    let i = decoding.remove(&g.seq).ok_or(RolloutError::Internal("a generation of no row"))?;
+                    let row = rows[i].as_ref().ok_or(RolloutError::Internal("a decoding row was attached"))?;
+                    actions.push((row.episode, g.text.clone()));
+                    which.push((i, g));
                 }
+                in_flight = Some((self.env.step_start(&actions), which));
+            }
+            if in_flight.is_none() && ready.is_empty() && self.engine.running_rows() == 0 {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     /// Record one turn of `row` (its generation and the server's answer); whether the chain

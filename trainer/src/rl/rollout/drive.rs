@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rand_chacha::ChaCha8Rng;
 
-use super::agent::{AgentConfig, PromptRollout, Rollout, RolloutCost, RolloutError};
+use super::agent::{AgentConfig, PromptRollout, Rollout, RolloutCost, RolloutError, Schedule};
 use crate::engine::generate::Engine;
 use crate::engine::tokenizer::Tokenizer;
 use crate::rl::env::EnvClient;
@@ -34,7 +34,9 @@ pub struct Driver<'a, 'm> {
 }
 
 /// Roll out `tasks` with `shape`, `batch` prompts at a time (0: all in one batch), in order;
-/// returns the summed cost.
+/// returns the summed cost. On the continuous schedule, `batch` prompts are in flight at a time
+/// and the next starts as soon as one ends; every prompt's rollout is held until all have ended
+/// (one `Visit::batch` for all of them).
 pub fn drive(
     d: &mut Driver<'_, '_>,
     tasks: &[grove_protocol::TaskSpec],
@@ -45,6 +47,26 @@ pub fn drive(
 ) -> Result<RolloutCost, RolloutError> {
     let device = d.engine.device();
     let mut total = RolloutCost::default();
+    if d.config.schedule == Schedule::Continuous {
+        // One pass over every task, `batch` prompts in flight: the next starts when one ends.
+        crate::support::timing::sync(device);
+        let t = Instant::now();
+        let mut r =
+            Rollout { engine: &mut *d.engine, tok: d.tok, env: d.env, config: d.config, cost: RolloutCost::default() };
+        let rollouts = r.run_continuous(tasks, batch, shape, rng)?;
+        let cost = r.cost;
+        crate::support::timing::sync(device);
+        visit.batch(d.engine, &rollouts, &cost, t.elapsed().as_secs_f64());
+        total.add(&cost);
+        let mut opened = Vec::new();
+        for (i, rollout) in rollouts.into_iter().enumerate() {
+            visit.prompt(i, &rollout, rng)?;
+            rollout.release(d.engine);
+            opened.extend_from_slice(&rollout.episodes);
+        }
+        d.env.close(&opened).map_err(RolloutError::from)?;
+        return Ok(total);
+    }
     let batch = if batch == 0 { tasks.len() } else { batch };
     let mut first = 0;
     for chunk in tasks.chunks(batch.max(1)) {
