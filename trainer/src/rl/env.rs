@@ -216,10 +216,7 @@ impl EnvClient {
     pub fn step(&self, actions: &[(EpisodeId, String)]) -> Result<Vec<Result<Observation, ErrorInfo>>, EnvError> {
         let mut out = Vec::with_capacity(actions.len());
         for chunk in actions.chunks(self.max_batch()) {
-            let items: Vec<StepAction> = chunk
-                .iter()
-                .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()), data: None })
-                .collect();
+            let items = step_actions(chunk);
             self.sent(&self.counters.step);
             let r = self.rt.block_on(self.client.step(items));
             out.extend(self.classify(r, chunk.len())?);
@@ -233,10 +230,7 @@ impl EnvClient {
     pub fn step_start(&self, actions: &[(EpisodeId, String)]) -> PendingStep {
         let mut parts = Vec::new();
         for chunk in actions.chunks(self.max_batch()) {
-            let items: Vec<StepAction> = chunk
-                .iter()
-                .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()), data: None })
-                .collect();
+            let items = step_actions(chunk);
             self.sent(&self.counters.step);
             let client = self.client.clone();
             parts.push((self.rt.spawn(async move { client.step(items).await }), chunk.len()));
@@ -320,6 +314,14 @@ impl PendingStep {
     pub fn is_ready(&self) -> bool {
         self.parts.iter().all(|(h, _)| h.is_finished())
     }
+}
+
+/// The protocol's step items for `(episode, model text)` pairs.
+fn step_actions(chunk: &[(EpisodeId, String)]) -> Vec<StepAction> {
+    chunk
+        .iter()
+        .map(|(episode, text)| StepAction { episode: *episode, action: Action::Text(text.clone()), data: None })
+        .collect()
 }
 
 /// One client per URL.

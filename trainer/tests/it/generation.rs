@@ -10,12 +10,12 @@ use grove_trainer::engine::model::load_model;
 use grove_trainer::engine::tokenizer::Tokenizer;
 use tch::{Device, Kind, Tensor};
 
-fn golden(model: &str) -> PathBuf {
+pub(crate) fn golden(model: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden").join(model)
 }
 
 /// A word-level tokenizer over the tiny models' 256 ids: token i is `t<i>`.
-fn word_tokenizer(eos: Option<&str>) -> Tokenizer {
+pub(crate) fn word_tokenizer(eos: Option<&str>) -> Tokenizer {
     let vocab: HashMap<String, u32> = (0..256u32).map(|i| (format!("t{i}"), i)).collect();
     let model = tokenizers::models::wordlevel::WordLevel::builder()
         .vocab(vocab.into_iter().collect())
@@ -34,7 +34,7 @@ fn golden_prompt_and_output(model: &str) -> (Vec<u32>, Vec<u32>) {
     (v("greedy.prompt_ids"), v("greedy.output_ids"))
 }
 
-fn model(name: &str) -> (tch::nn::VarStore, grove_trainer::engine::model::CausalLm) {
+pub(crate) fn model(name: &str) -> (tch::nn::VarStore, grove_trainer::engine::model::CausalLm) {
     load_model(&golden(name), Device::Cpu, Kind::Float).unwrap()
 }
 

@@ -4,33 +4,12 @@
 //! transfer, a running sequence is not touched, and the batch reuses its free slots.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use grove_trainer::engine::generate::{Engine, EngineError, Generation, SamplingParams, SeqId};
-use grove_trainer::engine::model::{CausalLm, load_model};
+use grove_trainer::engine::model::CausalLm;
 use grove_trainer::engine::tokenizer::Tokenizer;
-use tch::{Device, Kind};
 
-fn golden(model: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden").join(model)
-}
-
-/// A word-level tokenizer over the tiny models' 256 ids: token i is `t<i>`.
-fn word_tokenizer(eos: Option<&str>) -> Tokenizer {
-    let vocab: HashMap<String, u32> = (0..256u32).map(|i| (format!("t{i}"), i)).collect();
-    let model = tokenizers::models::wordlevel::WordLevel::builder()
-        .vocab(vocab.into_iter().collect())
-        .unk_token("t0".into())
-        .build()
-        .unwrap();
-    let mut inner = tokenizers::Tokenizer::new(model);
-    inner.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
-    Tokenizer::from_parts(inner, eos.map(str::to_owned), None)
-}
-
-fn model(name: &str) -> (tch::nn::VarStore, CausalLm) {
-    load_model(&golden(name), Device::Cpu, Kind::Float).unwrap()
-}
+use super::generation::{model, word_tokenizer};
 
 /// `n` prompts of mixed lengths.
 fn prompts(n: usize) -> Vec<Vec<u32>> {

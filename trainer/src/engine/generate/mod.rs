@@ -451,21 +451,7 @@ impl<'m> Engine<'m> {
                 }
                 row.draws += 1;
                 self.stats.generated_tokens += 1;
-                row.finish = if tok.eos_ids.contains(&token) {
-                    Some(Finish::Eos)
-                } else {
-                    row.generated.push(token);
-                    row.logprobs.push(lp);
-                    let tail = row.generated.len().saturating_sub(window);
-                    let text = tok.decode(&row.generated[tail..], true)?;
-                    if params.stop.iter().any(|s| text.contains(s.as_str())) {
-                        Some(Finish::Stop)
-                    } else if step >= max_new {
-                        Some(Finish::Length)
-                    } else {
-                        None
-                    }
-                };
+                row.finish = take_token(tok, params, window, (&mut row.generated, &mut row.logprobs), token, lp)?;
                 if row.finish.is_some() {
                     batch.keep(self, row, slot)?;
                 }
@@ -512,6 +498,33 @@ impl<'m> Engine<'m> {
         }
         Ok(seqs.iter().filter_map(|s| out.remove(s)).collect())
     }
+}
+
+/// A row's drawn token: EOS ends the row (not kept); any other is kept with its log-probability,
+/// and ends the row when it completes a stop string (checked on the last `window` tokens) or
+/// makes `max_new_tokens`.
+fn take_token(
+    tok: &Tokenizer,
+    params: &SamplingParams,
+    window: usize,
+    (generated, logprobs): (&mut Vec<u32>, &mut Vec<f32>),
+    token: u32,
+    lp: f32,
+) -> Result<Option<Finish>, EngineError> {
+    if tok.eos_ids.contains(&token) {
+        return Ok(Some(Finish::Eos));
+    }
+    generated.push(token);
+    logprobs.push(lp);
+    let tail = generated.len().saturating_sub(window);
+    let text = tok.decode(&generated[tail..], true)?;
+    Ok(if params.stop.iter().any(|s| text.contains(s.as_str())) {
+        Some(Finish::Stop)
+    } else if generated.len() >= params.max_new_tokens {
+        Some(Finish::Length)
+    } else {
+        None
+    })
 }
 
 /// The batch cache of one generate call. Row r's known tokens end at column `end` (left

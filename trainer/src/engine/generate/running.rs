@@ -29,7 +29,7 @@ use rand::Rng;
 use tch::{Kind, Tensor};
 
 use super::sample::sample_batch;
-use super::{Batch, Engine, EngineError, Finish, Generation, Row, SamplingParams, Segment, SeqId};
+use super::{Batch, Engine, EngineError, Finish, Generation, Row, SamplingParams, Segment, SeqId, take_token};
 use crate::engine::device::transfers;
 use crate::engine::model::{KvCache, Masking};
 use crate::engine::tokenizer::Tokenizer;
@@ -163,21 +163,7 @@ impl Engine<'_> {
                 self.stats.truncated_nuclei += 1;
             }
             self.stats.generated_tokens += 1;
-            let finish = if tok.eos_ids.contains(&token) {
-                Some(Finish::Eos)
-            } else {
-                slot.generated.push(token);
-                slot.logprobs.push(lp);
-                let tail = slot.generated.len().saturating_sub(window);
-                let text = tok.decode(&slot.generated[tail..], true)?;
-                if params.stop.iter().any(|s| text.contains(s.as_str())) {
-                    Some(Finish::Stop)
-                } else if slot.generated.len() >= params.max_new_tokens {
-                    Some(Finish::Length)
-                } else {
-                    None
-                }
-            };
+            let finish = take_token(tok, &params, window, (&mut slot.generated, &mut slot.logprobs), token, lp)?;
             if let Some(finish) = finish {
                 let draws = slot.generated.len() + usize::from(finish == Finish::Eos);
                 let slot = run.slots[i].take().ok_or(EngineError::Transfer { got: 0, rows: 0 })?;

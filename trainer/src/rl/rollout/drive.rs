@@ -45,48 +45,51 @@ pub fn drive(
     rng: &mut ChaCha8Rng,
     visit: &mut dyn Visit,
 ) -> Result<RolloutCost, RolloutError> {
-    let device = d.engine.device();
     let mut total = RolloutCost::default();
     if d.config.schedule == Schedule::Continuous {
         // One pass over every task, `batch` prompts in flight: the next starts when one ends.
-        crate::support::timing::sync(device);
-        let t = Instant::now();
-        let mut r =
-            Rollout { engine: &mut *d.engine, tok: d.tok, env: d.env, config: d.config, cost: RolloutCost::default() };
-        let rollouts = r.run_continuous(tasks, batch, shape, rng)?;
-        let cost = r.cost;
-        crate::support::timing::sync(device);
-        visit.batch(d.engine, &rollouts, &cost, t.elapsed().as_secs_f64());
-        total.add(&cost);
-        let mut opened = Vec::new();
-        for (i, rollout) in rollouts.into_iter().enumerate() {
-            visit.prompt(i, &rollout, rng)?;
-            rollout.release(d.engine);
-            opened.extend_from_slice(&rollout.episodes);
-        }
-        d.env.close(&opened).map_err(RolloutError::from)?;
+        total.add(&d.pass(0, rng, visit, |r, rng| r.run_continuous(tasks, batch, shape, rng))?);
         return Ok(total);
     }
     let batch = if batch == 0 { tasks.len() } else { batch };
-    let mut first = 0;
-    for chunk in tasks.chunks(batch.max(1)) {
+    for (c, chunk) in tasks.chunks(batch.max(1)).enumerate() {
+        total.add(&d.pass(c * batch, rng, visit, |r, rng| r.run_many(chunk, shape, rng))?);
+    }
+    Ok(total)
+}
+
+impl Driver<'_, '_> {
+    /// One rollout call (its prompts numbered from `first`), timed device-synchronised, its
+    /// rollouts shown to `visit` (the batch, then each prompt in order) and released, their
+    /// episodes closed in one request; its cost.
+    fn pass(
+        &mut self,
+        first: usize,
+        rng: &mut ChaCha8Rng,
+        visit: &mut dyn Visit,
+        roll: impl FnOnce(&mut Rollout<'_, '_>, &mut ChaCha8Rng) -> Result<Vec<PromptRollout>, RolloutError>,
+    ) -> Result<RolloutCost, RolloutError> {
+        let device = self.engine.device();
         crate::support::timing::sync(device);
         let t = Instant::now();
-        let mut r =
-            Rollout { engine: &mut *d.engine, tok: d.tok, env: d.env, config: d.config, cost: RolloutCost::default() };
-        let rollouts = r.run_many(chunk, shape, rng)?;
+        let mut r = Rollout {
+            engine: &mut *self.engine,
+            tok: self.tok,
+            env: self.env,
+            config: self.config,
+            cost: RolloutCost::default(),
+        };
+        let rollouts = roll(&mut r, rng)?;
         let cost = r.cost;
         crate::support::timing::sync(device);
-        visit.batch(d.engine, &rollouts, &cost, t.elapsed().as_secs_f64());
-        total.add(&cost);
+        visit.batch(self.engine, &rollouts, &cost, t.elapsed().as_secs_f64());
         let mut opened = Vec::new();
         for (i, rollout) in rollouts.into_iter().enumerate() {
             visit.prompt(first + i, &rollout, rng)?;
-            rollout.release(d.engine);
+            rollout.release(self.engine);
             opened.extend_from_slice(&rollout.episodes);
         }
-        d.env.close(&opened).map_err(RolloutError::from)?;
-        first += chunk.len();
+        self.env.close(&opened).map_err(RolloutError::from)?;
+        Ok(cost)
     }
-    Ok(total)
 }
