@@ -237,6 +237,37 @@ struct Row {
     draws: usize,
 }
 
+impl Row {
+    /// A row for `seq` as it stands now.
+    fn of(seq: SeqId, state: &SeqState) -> Row {
+        Row {
+            seq,
+            len: state.tokens.len(),
+            cached: state.cached(),
+            generated: Vec::new(),
+            logprobs: Vec::new(),
+            finish: None,
+            draws: 0,
+        }
+    }
+}
+
+impl SeqState {
+    /// Keep positions `cached..hold` of batch row `slot` of `cache`, where this sequence's
+    /// position 0 sits at column `first`, as a new segment of its chain (nothing when `hold`
+    /// does not pass `cached`).
+    fn keep(&mut self, cache: &KvCache, slot: usize, first: usize, cached: usize, hold: usize) {
+        if hold <= cached {
+            return;
+        }
+        let n = hold - cached;
+        let layers = cache.read_row(slot as i64, (first + cached) as i64, n as i64);
+        // A chain that ran past `cached` can only be this row's own (it was read at build).
+        let parent = self.kv.take();
+        self.kv = Some(Rc::new(Segment { parent, start: cached, len: n, layers }));
+    }
+}
+
 impl<'m> Engine<'m> {
     pub fn new(model: &'m CausalLm) -> Self {
         Self {
@@ -391,21 +422,7 @@ impl<'m> Engine<'m> {
                 })
                 .collect());
         }
-        let mut rows: Vec<Row> = seqs
-            .iter()
-            .map(|&seq| {
-                let s = &self.seqs[&seq];
-                Row {
-                    seq,
-                    len: s.tokens.len(),
-                    cached: s.cached(),
-                    generated: Vec::new(),
-                    logprobs: Vec::new(),
-                    finish: None,
-                    draws: 0,
-                }
-            })
-            .collect();
+        let mut rows: Vec<Row> = seqs.iter().map(|&seq| Row::of(seq, &self.seqs[&seq])).collect();
         let max_new = params.max_new_tokens;
         // A call's uniforms: each row's next `max_new` draws from its own stream, uploaded once.
         // Its stream is advanced below by the draws the row used, so what a sequence samples
@@ -655,18 +672,12 @@ impl Batch {
     /// A finished row's new keys and values become a segment of its sequence's chain: the
     /// positions from what it had cached up to all but its last token.
     fn keep(&self, engine: &mut Engine<'_>, row: &Row, slot: usize) -> Result<(), EngineError> {
-        let total = row.len + row.generated.len();
-        let hold = total.saturating_sub(1);
+        let hold = (row.len + row.generated.len()).saturating_sub(1);
         if hold <= row.cached {
             return Ok(());
         }
-        let first = self.end - row.len;
-        let n = hold - row.cached;
-        let layers = self.cache.read_row(slot as i64, (first + row.cached) as i64, n as i64);
         let state = engine.seqs.get_mut(&row.seq).ok_or(EngineError::UnknownSequence(row.seq))?;
-        // A chain that ran past `cached` can only be this row's own (it was read at build).
-        let parent = state.kv.take();
-        state.kv = Some(Rc::new(Segment { parent, start: row.cached, len: n, layers }));
+        state.keep(&self.cache, slot, self.end - row.len, row.cached, hold);
         Ok(())
     }
 

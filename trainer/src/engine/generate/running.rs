@@ -23,13 +23,11 @@
 //! A sequence in the running batch cannot be extended, forked or generated for until its
 //! generation is returned (refused with [`EngineError::Running`]); removed, it keeps nothing.
 
-use std::rc::Rc;
-
 use rand::Rng;
 use tch::{Kind, Tensor};
 
 use super::sample::sample_batch;
-use super::{Batch, Engine, EngineError, Finish, Generation, Row, SamplingParams, Segment, SeqId, take_token};
+use super::{Batch, Engine, EngineError, Finish, Generation, Row, SamplingParams, SeqId, take_token};
 use crate::engine::device::transfers;
 use crate::engine::model::{KvCache, Masking};
 use crate::engine::tokenizer::Tokenizer;
@@ -164,9 +162,10 @@ impl Engine<'_> {
             }
             self.stats.generated_tokens += 1;
             let finish = take_token(tok, &params, window, (&mut slot.generated, &mut slot.logprobs), token, lp)?;
-            if let Some(finish) = finish {
+            if let Some(finish) = finish
+                && let Some(slot) = run.slots[i].take()
+            {
                 let draws = slot.generated.len() + usize::from(finish == Finish::Eos);
-                let slot = run.slots[i].take().ok_or(EngineError::Transfer { got: 0, rows: 0 })?;
                 done.push(self.leave(&run.cache, i, slot, finish, draws, &params, tok)?);
             }
         }
@@ -209,12 +208,7 @@ impl Engine<'_> {
         let Some(state) = self.seqs.get_mut(&slot.seq) else {
             return Ok(Generation { seq: slot.seq, tokens: slot.generated, logprobs: slot.logprobs, text, finish });
         };
-        if hold > slot.cached {
-            let n = hold - slot.cached;
-            let layers = cache.read_row(index as i64, (slot.first + slot.cached) as i64, n as i64);
-            let parent = state.kv.take();
-            state.kv = Some(Rc::new(Segment { parent, start: slot.cached, len: n, layers }));
-        }
+        state.keep(cache, index, slot.first, slot.cached, hold);
         if params.temperature > 0.0 {
             for _ in 0..draws {
                 let _: f32 = state.rng.random();
@@ -228,18 +222,7 @@ impl Engine<'_> {
     fn place(&mut self, seqs: &[SeqId], params: &SamplingParams) -> Result<(), EngineError> {
         let rows: Vec<Row> = seqs
             .iter()
-            .map(|&seq| {
-                let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq))?;
-                Ok(Row {
-                    seq,
-                    len: s.tokens.len(),
-                    cached: s.cached(),
-                    generated: Vec::new(),
-                    logprobs: Vec::new(),
-                    finish: None,
-                    draws: 0,
-                })
-            })
+            .map(|&seq| self.seqs.get(&seq).map(|s| Row::of(seq, s)).ok_or(EngineError::UnknownSequence(seq)))
             .collect::<Result<_, EngineError>>()?;
         let max_new = params.max_new_tokens;
         let fresh = Batch::build(self, &rows, 0, None)?;
