@@ -135,5 +135,6 @@ pub fn tiny_agent_config() -> grove_trainer::rl::rollout::agent::AgentConfig {
         max_context: 4096,
         topk: None,
         schedule: Default::default(),
+        max_rows: 0,
     }
 }

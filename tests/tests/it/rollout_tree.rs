@@ -166,6 +166,7 @@ fn budget_of_tree_and_chain_rollouts() {
         max_context: 4096,
         topk: None,
         schedule: Default::default(),
+        max_rows: 0,
     };
     let rows = compare((&lm, &tok), &env, &tasks, &agent, &[Method::tree(2, 2, 1, 3), Method::chain(4)], 1).unwrap();
     let (tree, chain) = (&rows[0], &rows[1]);
@@ -452,6 +453,24 @@ fn continuous_rollouts_build_the_phased_schedules_trees() {
     let windowed = r.run_continuous(&tasks, 2, shape, &mut rng).unwrap();
     assert!(env.requests().create - creates >= 2, "prompts created as they enter");
     for (got, want) in windowed.iter().zip(&together) {
+        assert_eq!(tree_tokens(got), tree_tokens(want));
+        got.release(&mut engine);
+        env.close(&got.episodes).unwrap();
+    }
+    // A row cap of one prompt's first chains (M = 2): prompts enter one at a time, each when the
+    // one before has ended, no decode step draws for more than 2 rows (a round's 4 branches take
+    // turns), and the trees are the same again. Without the cap, every prompt's first chains
+    // decode together.
+    assert!(stats.peak_rows >= (tasks.len() * shape.m) as u64, "{stats:?}");
+    let capped = AgentConfig { max_rows: shape.m, ..sampled.clone() };
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let creates = env.requests().create;
+    engine.stats.peak_rows = 0;
+    let mut r = Rollout { engine: &mut engine, tok: &tok, env: &env, config: &capped, cost: Default::default() };
+    let one_by_one = r.run_continuous(&tasks, 0, shape, &mut rng).unwrap();
+    assert_eq!(env.requests().create - creates, tasks.len() as u64, "one prompt entered at a time");
+    assert_eq!(engine.stats.peak_rows, shape.m as u64, "{:?}", engine.stats);
+    for (got, want) in one_by_one.iter().zip(&together) {
         assert_eq!(tree_tokens(got), tree_tokens(want));
         got.release(&mut engine);
         env.close(&got.episodes).unwrap();

@@ -54,6 +54,7 @@ fn step_config(method: Method, estimator: Estimator) -> StepConfig {
             max_context: 4096,
             topk: None,
             schedule: Default::default(),
+            max_rows: 0,
         },
         update: UpdateConfig { mini_batches: 1, micro_batch: 4, ..Default::default() },
         schedule: WarmupConstant { lr: 1e-3, warmup_steps: 0 },
@@ -170,6 +171,7 @@ fn answering_config(method: Method, temperature: f64) -> StepConfig {
         max_context: 2048,
         topk: Some(1),
         schedule: Default::default(),
+        max_rows: 0,
     };
     cfg.update.temperature = temperature;
     cfg

@@ -151,6 +151,10 @@ pub struct AgentArgs {
     /// batch that chains join and leave at any token).
     #[arg(long, default_value = "phased")]
     pub schedule: Schedule,
+    /// With `--schedule continuous`: at most this many chains decode at once, and the next
+    /// prompt starts when its first chains fit (default: no cap but the prompts in flight).
+    #[arg(long)]
+    pub max_rows: Option<usize>,
 }
 
 impl AgentArgs {
@@ -161,12 +165,16 @@ impl AgentArgs {
             .as_ref()
             .map(|p| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display())))
             .transpose()?;
+        if self.max_rows.is_some() && self.schedule != Schedule::Continuous {
+            bail!("--max-rows caps the continuous schedule's running chains: add --schedule continuous");
+        }
         Ok(AgentConfig {
             max_turns: self.max_turns,
             sampling,
             prompt_template,
             topk: self.topk,
             schedule: self.schedule,
+            max_rows: self.max_rows.unwrap_or(0),
             ..AgentConfig::default()
         })
     }

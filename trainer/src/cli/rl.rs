@@ -106,13 +106,17 @@ impl TrainArgs {
         }
         let step = cfg.step_config().with_context(|| format!("invalid configuration {}", self.config.display()))?;
         eprintln!(
-            "{} with estimator {}, {} prompts x {} rows per step, {} steps, {} rollouts",
+            "{} with estimator {}, {} prompts x {} rows per step, {} steps, {} rollouts{}",
             cfg.method.label(),
             step.estimator,
             cfg.prompts_per_step,
             cfg.method.rows_per_prompt(),
             cfg.steps,
-            cfg.rollout_schedule.name()
+            cfg.rollout_schedule.name(),
+            match cfg.rollout_max_rows {
+                0 => String::new(),
+                n => format!(" (at most {n} chains decoding at once)"),
+            }
         );
         let opts = RunOptions { resume: self.resume, progress: true, label: "train".into() };
         let summary = grove_trainer::rl::train::run(&cfg, &opts)?;

@@ -38,6 +38,12 @@ pub struct BudgetRow {
     pub reencode_seconds: f64,
     /// Rows the engine decoded per decode step, on average (tokens drawn / steps).
     pub mean_batch: f64,
+    /// The most rows one decode step drew for.
+    pub peak_rows: u64,
+    /// Decode steps, and the passes that encoded new rows' contexts before decoding them (one
+    /// per generate call; one per admission to the running batch).
+    pub decode_steps: u64,
+    pub first_passes: u64,
     /// Measured: bytes of keys and values the engine held for the trees' roots and snapshots
     /// once a batch was rolled out (the largest batch's), shared prefixes counted once.
     pub kv_bytes_held: u64,
@@ -139,6 +145,9 @@ pub fn measure(
         rollout_seconds: 0.0,
         reencode_seconds: 0.0,
         mean_batch: 0.0,
+        peak_rows: 0,
+        decode_steps: 0,
+        first_passes: 0,
         kv_bytes_held: 0,
         kv_bytes_copies: 0,
     };
@@ -187,6 +196,9 @@ pub fn measure(
     let leaves = tally.leaves;
     row.trajectories_per_prompt = leaves as f64 / tasks.len().max(1) as f64;
     row.mean_batch = engine.stats.generated_tokens as f64 / engine.stats.decode_steps.max(1) as f64;
+    row.peak_rows = engine.stats.peak_rows;
+    row.decode_steps = engine.stats.decode_steps;
+    row.first_passes = engine.stats.generate_calls;
     Ok(row)
 }
 

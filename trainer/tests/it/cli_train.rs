@@ -161,6 +161,8 @@ fn train_resume_and_eval_from_the_command_line() {
             "4",
             "--schedule",
             "continuous",
+            "--max-rows",
+            "4",
             "--env",
             &url,
         ])
@@ -173,6 +175,17 @@ fn train_resume_and_eval_from_the_command_line() {
     assert!(budget.status.success(), "{}", String::from_utf8_lossy(&budget.stderr));
     let table = String::from_utf8_lossy(&budget.stdout);
     assert!(table.contains("tree (2,2,1)") && table.contains("chain n=4"), "{table}");
+    // A row cap is the continuous schedule's: asked of the phased one, it is refused.
+    let phased_cap = Command::new(bin)
+        .args(["budget", "--device", "cpu", "--prompts", "1", "--max-rows", "4", "--env", &url])
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!phased_cap.status.success());
+    assert!(String::from_utf8_lossy(&phased_cap.stderr).contains("--schedule continuous"));
     // A config with an unknown key, method or value is refused with what is accepted; so is a
     // method the paper does not have, from the file or the command line.
     for (text, says) in [
@@ -182,6 +195,7 @@ fn train_resume_and_eval_from_the_command_line() {
         ("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n", "needs tree rollouts"),
         ("loss_agg = \"mean\"\n", "token-mean"),
         ("rollout_schedule = \"overlapped\"\n", "expected `phased` or `continuous`"),
+        ("rollout_max_rows = 8\n", "only the continuous schedule caps its running chains"),
     ] {
         std::fs::write(&config, text).unwrap();
         let bad = Command::new(bin).args(["train", "--config"]).arg(&config).output().unwrap();

@@ -130,6 +130,15 @@ pub struct EngineStats {
     /// Tokens drawn from the candidate set when a row's top-p nucleus reached past it (the
     /// candidates renormalised: a truncated nucleus; see [`Engine::nucleus_candidates`]).
     pub truncated_nuclei: u64,
+    /// The most rows one decode step drew a token for.
+    pub peak_rows: u64,
+}
+
+impl EngineStats {
+    /// A decode step drew tokens up to `generated_tokens`, from `before`.
+    fn drew(&mut self, before: u64) {
+        self.peak_rows = self.peak_rows.max(self.generated_tokens - before);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -457,6 +466,7 @@ impl<'m> Engine<'m> {
                 return Err(EngineError::Transfer { got: host.len(), rows: batch.order.len() });
             }
             self.stats.decode_steps += 1;
+            let drawn_before = self.stats.generated_tokens;
             for (slot, &r) in batch.order.iter().enumerate() {
                 let row = &mut rows[r];
                 if row.finish.is_some() {
@@ -473,6 +483,7 @@ impl<'m> Engine<'m> {
                     batch.keep(self, row, slot)?;
                 }
             }
+            self.stats.drew(drawn_before);
             let active = batch.order.iter().filter(|&&r| rows[r].finish.is_none()).count();
             if active == 0 {
                 break;

@@ -153,6 +153,7 @@ impl Engine<'_> {
             return Err(EngineError::Transfer { got: host.len(), rows: run.slots.len() });
         }
         self.stats.decode_steps += 1;
+        let drawn_before = self.stats.generated_tokens;
         let window = params.stop.iter().map(|s| s.len()).max().unwrap_or(0) + 2;
         for i in 0..run.slots.len() {
             let Some(slot) = run.slots[i].as_mut() else { continue };
@@ -169,6 +170,7 @@ impl Engine<'_> {
                 done.push(self.leave(&run.cache, i, slot, finish, draws, &params, tok)?);
             }
         }
+        self.stats.drew(drawn_before);
         if run.active() == 0 {
             self.stats.step_transfers += transfers::count() - before;
             return Ok(());

@@ -26,17 +26,17 @@ pub fn budget_rows(
     use crate::measure::budget::{BudgetRow, Measure, compare, measure};
     let compared = compare((model, tok), env, tasks, agent, &[tree, chain], 0)?;
     let (tree_row, chain_row) = (&compared[0], &compared[1]);
-    // Timed as training rolls out, on both schedules: every prompt together, and half of them
-    // at a time (the phased schedule's batches of prompts; the continuous schedule's prompts in
-    // flight, the next starting when one ends). The arms alternate (forward, then backward).
-    let continuous = AgentConfig { schedule: Schedule::Continuous, ..agent.clone() };
-    let phased = AgentConfig { schedule: Schedule::Phased, ..agent.clone() };
+    // Timed as training rolls out, on both schedules: every prompt together; the phased
+    // schedule's batches of half the prompts; and the continuous schedule with a cap on the
+    // chains decoding at once of chain's rows for half the prompts (the next prompt starts when
+    // its first chains fit), the same cap for both methods. The arms alternate (forward, then backward).
+    let continuous = AgentConfig { schedule: Schedule::Continuous, max_rows: 0, ..agent.clone() };
+    let phased = AgentConfig { schedule: Schedule::Phased, max_rows: 0, ..agent.clone() };
     let half = (tasks.len() / 2).max(1);
+    let capped = AgentConfig { max_rows: half * chain.rows_per_prompt(), ..continuous.clone() };
     let mut arms: Vec<(Method, &AgentConfig, usize)> = Vec::new();
-    for batch in [0, half] {
-        for config in [&phased, &continuous] {
-            arms.extend([(tree, config, batch), (chain, config, batch)]);
-        }
+    for (config, batch) in [(&phased, 0), (&continuous, 0), (&phased, half), (&capped, 0)] {
+        arms.extend([(tree, config, batch), (chain, config, batch)]);
     }
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     let mut last: Vec<Option<BudgetRow>> = vec![None; arms.len()];
@@ -106,18 +106,23 @@ pub fn budget_rows(
         ));
     }
     let rate = |r: &BudgetRow, secs: f64| r.generated_tokens as f64 / secs.max(1e-9);
-    let in_flight = |batch: usize| {
-        if batch == 0 { "all prompts together".to_string() } else { format!("{batch} prompts at a time") }
+    let in_flight = |config: &AgentConfig, batch: usize| match (config.max_rows, batch) {
+        (0, 0) => "all prompts together".to_string(),
+        (0, b) => format!("{b} prompts at a time"),
+        (cap, _) => format!("at most {cap} chains decoding"),
     };
     for ((r, t), &(_, config, batch)) in timed.iter().zip(&arms) {
         rows.push(BenchRow::new(
-            format!("{}: rollout, {}, {}", r.label(), in_flight(batch), config.schedule.name()),
+            format!("{}: rollout, {}, {}", r.label(), in_flight(config, batch), config.schedule.name()),
             format!("{:.1}", rate(r, *t)),
             "tokens/s",
             format!(
-                "generated; {t:.2} s (median of {} alternating runs), {:.1} rows per decode step, {} tokens",
+                "generated; {t:.2} s (median of {} alternating runs), {} decode steps of {:.1} rows (peak {}), {} first passes, {} tokens",
                 repeats.max(1),
+                r.decode_steps,
                 r.mean_batch,
+                r.peak_rows,
+                r.first_passes,
                 r.generated_tokens
             ),
         ));
@@ -131,7 +136,7 @@ pub fn budget_rows(
                 "  {} vs {}: tokens/s, {}, {}",
                 tree_row.label(),
                 chain_row.label(),
-                in_flight(batch),
+                in_flight(config, batch),
                 config.schedule.name()
             ),
             format!("{:.2}x", rate(tree_r, *tree_t) / rate(chain_r, *chain_t).max(1e-9)),

@@ -134,6 +134,37 @@ fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
     });
 }
 
+/// Tokens/s of the model's forward alone at the shape of the "decoding only" call: `b` rows
+/// after `cached` positions, `steps` one-token passes, each fed the previous pass's greedy token
+/// on the device, no sampling, no transfer, no bookkeeping: the part of decoding at this shape
+/// that no scheduling or sampling work removes (median of `repeats` after a warm-up).
+fn forward_floor(model: &CausalLm, vocab: i64, b: i64, cached: i64, steps: i64, repeats: usize) -> f64 {
+    use crate::engine::model::Masking;
+    let device = model.device();
+    let ids = tokens(vocab, (b * cached) as usize, 7).iter().map(|t| i64::from(*t)).collect::<Vec<_>>();
+    let ids = Tensor::from_slice(&ids).view([b, cached]).to_device(device);
+    let pos = Tensor::arange(cached, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]);
+    let run = || {
+        tch::no_grad(|| {
+            let mut cache = model.new_cache();
+            let mut logits = model.forward_last_with(&ids, &pos, Masking::Causal, Some(&mut cache));
+            crate::support::timing::sync(device);
+            let t = std::time::Instant::now();
+            for s in 0..steps {
+                let next = logits.argmax(-1, true);
+                let at = Tensor::full([b, 1], cached + s, (Kind::Int64, device));
+                logits = model.forward_last_with(&next, &at, Masking::CausalAfterPast, Some(&mut cache));
+            }
+            let _ = logits.argmax(-1, false);
+            crate::support::timing::sync(device);
+            t.elapsed().as_secs_f64()
+        })
+    };
+    run();
+    let secs = median((0..repeats.max(1)).map(|_| run()).collect());
+    (b * steps) as f64 / secs.max(1e-12)
+}
+
 /// Mean log-probability of random sequences, backpropagated (grads are left on the weights).
 fn forward_backward(model: &CausalLm, vocab: i64, b: usize, len: usize, seed: u64) {
     let seqs: Vec<Vec<u32>> = (0..b).map(|i| tokens(vocab, len, seed + i as u64)).collect();
@@ -298,6 +329,39 @@ pub fn run(model: &CausalLm, tok: &Tokenizer, opts: &BenchOptions) -> BenchRepor
                 format!("{:.2}x", new / old.max(1e-12)),
                 "ratio",
                 format!("greedy outputs identical: {}", if g.same { "yes" } else { "NO" }),
+            ));
+        }
+        // What the engines' decoding is bounded by here: the forward alone at the same shape.
+        let floor = forward_floor(
+            model,
+            vocab,
+            b as i64,
+            (opts.prompt_len + opts.new_tokens) as i64,
+            opts.new_tokens as i64,
+            opts.repeats,
+        );
+        rows.push(BenchRow::new(
+            format!("generation, batch {b}, the model's forward alone"),
+            format!("{floor:.1}"),
+            "tokens/s",
+            format!(
+                "the decoding-only shape ({} cached, {} one-token passes), greedy token fed back on the device, nothing else: what scheduling and sampling cannot remove; {note}",
+                opts.prompt_len + opts.new_tokens,
+                opts.new_tokens
+            ),
+        ));
+        rows.push(BenchRow::new(
+            format!("  generation, batch {b}: engine decoding vs the forward alone"),
+            format!("{:.2}x", g.decode.0 / floor.max(1e-12)),
+            "ratio",
+            "1.00x = no cost beyond the model's forward",
+        ));
+        if HAS_BASELINE {
+            rows.push(BenchRow::new(
+                format!("  generation, batch {b}: the forward alone vs the engine before's decoding"),
+                format!("{:.2}x", floor / g.decode.1.max(1e-12)),
+                "ratio",
+                "the most an engine could gain over the baseline's decoding at this shape by cutting what it does beyond this forward",
             ));
         }
     }

@@ -101,6 +101,11 @@ pub struct AgentConfig {
     pub topk: Option<u32>,
     /// How generations are scheduled.
     pub schedule: Schedule,
+    /// Continuous schedule only: at most this many chains decode at once (the running batch's
+    /// rows; the others wait their turn in order), and the next prompt starts while its first
+    /// chains (M) fit under this many chains decoding, waiting or awaiting the env-server
+    /// (0: no cap but the prompts in flight). A prompt always starts when none is in flight.
+    pub max_rows: usize,
 }
 
 impl Default for AgentConfig {
@@ -114,6 +119,7 @@ impl Default for AgentConfig {
             max_context: 4096,
             topk: None,
             schedule: Schedule::Phased,
+            max_rows: 0,
         }
     }
 }

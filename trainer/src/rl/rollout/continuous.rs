@@ -34,8 +34,9 @@ struct Prompt {
 
 impl Rollout<'_, '_> {
     /// Tree rollouts for several tasks on the running batch, at most `window` prompts (0: all)
-    /// in flight: the next prompt starts (its episodes created) when one ends, so the batch
-    /// stays full across what would be the phased schedule's batches of prompts. Rollouts are
+    /// in flight and, with [`AgentConfig::max_rows`](super::agent::AgentConfig::max_rows), at
+    /// most that many chains decoding: the next prompt starts (its episodes created) when there is room,
+    /// so the batch stays full across what would be the phased schedule's batches of prompts. Rollouts are
     /// returned in task order; see the module's documentation.
     pub fn run_continuous(
         &mut self,
@@ -63,10 +64,10 @@ impl Rollout<'_, '_> {
                 this.next_round(prompt, p, shape, rows, ready)?;
                 if prompt.running == 0 {
                     active -= 1;
-                    this.enter(tasks, window, shape, (streams.as_mut_slice(), &mut prompts, &mut active), rows, ready)?;
                 }
             }
-            Ok(())
+            // A prompt or (with a row cap) a row ended: room for the next prompts, maybe.
+            this.enter(tasks, window, shape, (streams.as_mut_slice(), &mut prompts, &mut active), rows, ready)
         })?;
         if rows.iter().any(Option::is_some) || prompts.len() < tasks.len() {
             return Err(RolloutError::Internal("a row or a prompt never ended"));
@@ -76,8 +77,8 @@ impl Rollout<'_, '_> {
         Ok(prompts.into_iter().map(|p| p.state.finish()).collect())
     }
 
-    /// Start the next prompts while fewer than `window` are in flight (one create request for
-    /// them), queueing their first chains; a prompt that cannot start a chain goes on to its
+    /// Start the next prompts while fewer than `window` are in flight and their first chains fit
+    /// under the row cap (one create request for them), queueing those chains; a prompt that cannot start a chain goes on to its
     /// rounds, and one that has nothing to run ends at once.
     fn enter(
         &mut self,
@@ -88,9 +89,18 @@ impl Rollout<'_, '_> {
         rows: &mut Vec<Option<Row>>,
         ready: &mut VecDeque<usize>,
     ) -> Result<(), RolloutError> {
+        let cap = self.config.max_rows;
         while *active < window && prompts.len() < tasks.len() {
+            // With a row cap, as many prompts as their first chains (M each) fit under it, and
+            // one when none is in flight.
+            let live = rows.iter().filter(|r| r.is_some()).count();
+            let fit = if cap == 0 { usize::MAX } else { cap.saturating_sub(live) / shape.m.max(1) };
+            let fit = if *active == 0 { fit.max(1) } else { fit };
+            if fit == 0 {
+                break;
+            }
             let from = prompts.len();
-            let to = (from + window - *active).min(tasks.len());
+            let to = (from + (window - *active).min(fit)).min(tasks.len());
             let mut mine: Vec<ChaCha8Rng> = streams[from..to]
                 .iter_mut()
                 .map(|s| s.take().ok_or(RolloutError::Internal("a prompt entered twice")))
@@ -157,8 +167,12 @@ impl Rollout<'_, '_> {
         let mut decoding: HashMap<SeqId, usize> = HashMap::new();
         // The actions sent after the last decode step, and their rows.
         let mut in_flight: Option<(PendingStep, Vec<(usize, Generation)>)> = None;
+        let cap = if self.config.max_rows == 0 { usize::MAX } else { self.config.max_rows };
         loop {
-            while let Some(i) = ready.pop_front() {
+            // Ready rows join in order while the batch has fewer than the cap.
+            while self.engine.running_rows() < cap
+                && let Some(i) = ready.pop_front()
+            {
                 let row = rows[i].as_mut().ok_or(RolloutError::Internal("a ready row was attached"))?;
                 self.truncate_context(row)?;
                 self.engine.admit(row.seq)?;

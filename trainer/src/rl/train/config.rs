@@ -90,6 +90,10 @@ pub struct TrainConfig {
     /// other) or `continuous` (one running batch that chains join and leave at any token; other
     /// random draws than `phased`).
     pub rollout_schedule: Schedule,
+    /// Continuous schedule only: at most this many chains decode at once, and the next prompt
+    /// starts when its first chains fit (0: no cap but `rollout_batch_prompts`); see
+    /// `AgentConfig::max_rows`.
+    pub rollout_max_rows: usize,
     /// `{ kind = "tree", m, n, l, k }` or `{ kind = "chain", n }`.
     pub method: Method,
     /// Advantage estimator; default: the method's (tree -> `tree`, chain -> `grpo`).
@@ -170,6 +174,7 @@ impl Default for TrainConfig {
             prompts_per_step: 512,
             rollout_batch_prompts: 32,
             rollout_schedule: Schedule::Phased,
+            rollout_max_rows: 0,
             method: Method::tree(2, 2, 1, 3),
             estimator: None,
             lr: 1e-6,
@@ -280,6 +285,13 @@ impl TrainConfig {
                 return Err(value_error(key, v, "must be a finite number >= 0"));
             }
         }
+        if self.rollout_max_rows > 0 && self.rollout_schedule != Schedule::Continuous {
+            return Err(value_error(
+                "rollout_max_rows",
+                self.rollout_max_rows,
+                "only the continuous schedule caps its running chains: set rollout_schedule = \"continuous\" or remove it",
+            ));
+        }
         if self.clip_ratio_c.is_nan() || self.clip_ratio_c <= 1.0 {
             return Err(value_error("clip_ratio_c", self.clip_ratio_c, "the dual-clip bound must be above 1"));
         }
@@ -328,6 +340,7 @@ impl TrainConfig {
             max_context: self.max_context,
             topk: self.topk,
             schedule: self.rollout_schedule,
+            max_rows: self.rollout_max_rows,
         }
     }
 
@@ -390,6 +403,11 @@ mod tests {
         let continuous = parse("rollout_schedule = \"continuous\"\n").unwrap().step_config().unwrap();
         assert_eq!(continuous.agent.schedule, Schedule::Continuous);
         assert_eq!(parse("").unwrap().step_config().unwrap().agent.schedule, Schedule::Phased);
+        let capped =
+            parse("rollout_schedule = \"continuous\"\nrollout_max_rows = 32\n").unwrap().step_config().unwrap();
+        assert_eq!(capped.agent.max_rows, 32);
+        let e = parse("rollout_max_rows = 32\n").unwrap().step_config().unwrap_err().to_string();
+        assert!(e.contains("rollout_max_rows") && e.contains("continuous"), "{e}");
         let e = parse("device = \"gpu\"\n").unwrap_err();
         assert!(e.contains("expected auto, cpu, cuda or cuda:N"), "{e}");
         let chain_tree = parse("method = { kind = \"chain\", n = 4 }\nestimator = \"tree\"\n").unwrap();
