@@ -148,42 +148,24 @@ fn train_resume_and_eval_from_the_command_line() {
     assert_eq!(played.len(), 6, "3 training questions per hop count");
     assert!(played.iter().all(|t| t.prompt.starts_with("Search with <search> name </search>")));
     // Budget accounting from the command line.
-    let budget = Command::new(bin)
-        .args([
-            "budget",
-            "--device",
-            "cpu",
-            "--prompts",
-            "1",
-            "--max-turns",
-            "1",
-            "--max-new-tokens",
-            "4",
-            "--schedule",
-            "continuous",
-            "--max-rows",
-            "4",
-            "--env",
-            &url,
-        ])
-        .arg("--model")
-        .arg(&model)
-        .arg("--data")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(budget.status.success(), "{}", String::from_utf8_lossy(&budget.stderr));
-    let table = String::from_utf8_lossy(&budget.stdout);
+    let budget = |flags: &[&str]| {
+        Command::new(bin)
+            .args(["budget", "--device", "cpu", "--prompts", "1", "--env", &url])
+            .args(flags)
+            .arg("--model")
+            .arg(&model)
+            .arg("--data")
+            .arg(&data)
+            .output()
+            .unwrap()
+    };
+    let capped = ["--max-turns", "1", "--max-new-tokens", "4", "--schedule", "continuous", "--max-rows", "4"];
+    let out = budget(&capped);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("tree (2,2,1)") && table.contains("chain n=4"), "{table}");
     // A row cap is the continuous schedule's: asked of the phased one, it is refused.
-    let phased_cap = Command::new(bin)
-        .args(["budget", "--device", "cpu", "--prompts", "1", "--max-rows", "4", "--env", &url])
-        .arg("--model")
-        .arg(&model)
-        .arg("--data")
-        .arg(&data)
-        .output()
-        .unwrap();
+    let phased_cap = budget(&["--max-rows", "4"]);
     assert!(!phased_cap.status.success());
     assert!(String::from_utf8_lossy(&phased_cap.stderr).contains("--schedule continuous"));
     // A config with an unknown key, method or value is refused with what is accepted; so is a
