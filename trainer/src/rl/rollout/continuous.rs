@@ -35,9 +35,9 @@ struct Prompt {
 impl Rollout<'_, '_> {
     /// Tree rollouts for several tasks on the running batch, at most `window` prompts (0: all)
     /// in flight and, with [`AgentConfig::max_rows`](super::agent::AgentConfig::max_rows), at
-    /// most that many chains decoding: the next prompt starts (its episodes created) when there is room,
-    /// so the batch stays full across what would be the phased schedule's batches of prompts. Rollouts are
-    /// returned in task order; see the module's documentation.
+    /// most that many chains decoding: the next prompt starts (its episodes created) when there
+    /// is room, so the batch stays full across what would be the phased schedule's batches of
+    /// prompts. Rollouts are returned in task order; see the module's documentation.
     pub fn run_continuous(
         &mut self,
         tasks: &[TaskSpec],
@@ -78,8 +78,8 @@ impl Rollout<'_, '_> {
     }
 
     /// Start the next prompts while fewer than `window` are in flight and their first chains fit
-    /// under the row cap (one create request for them), queueing those chains; a prompt that cannot start a chain goes on to its
-    /// rounds, and one that has nothing to run ends at once.
+    /// under the row cap (one create request for them), queueing those chains; a prompt that
+    /// cannot start a chain goes on to its rounds, and one that has nothing to run ends at once.
     fn enter(
         &mut self,
         tasks: &[TaskSpec],
