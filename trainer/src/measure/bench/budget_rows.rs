@@ -30,6 +30,7 @@ pub fn budget_rows(
     // schedule's batches of half the prompts; and the continuous schedule with a cap on the
     // chains decoding at once of chain's rows for half the prompts (the next prompt starts when
     // its first chains fit), the same cap for both methods. The arms alternate (forward, then backward).
+    let all = Measure { seed: 0, batch_prompts: 0, replay: false };
     let continuous = AgentConfig { schedule: Schedule::Continuous, max_rows: 0, ..agent.clone() };
     let phased = AgentConfig { schedule: Schedule::Phased, max_rows: 0, ..agent.clone() };
     let half = (tasks.len() / 2).max(1);
@@ -47,7 +48,7 @@ pub fn budget_rows(
         }
         for a in order {
             let (m, config, batch_prompts) = arms[a];
-            let r = measure((model, tok), env, tasks, config, m, Measure { seed: 0, batch_prompts, replay: false })?;
+            let r = measure((model, tok), env, tasks, config, m, Measure { batch_prompts, ..all })?;
             secs[a].push(r.rollout_seconds);
             last[a] = Some(r);
         }
@@ -58,8 +59,7 @@ pub fn budget_rows(
         return Ok(Vec::new());
     }
     let shallow_agent = AgentConfig { max_turns: 1, ..agent.clone() };
-    let shallow =
-        measure((model, tok), env, tasks, &shallow_agent, tree, Measure { seed: 0, batch_prompts: 1, replay: false })?;
+    let shallow = measure((model, tok), env, tasks, &shallow_agent, tree, Measure { batch_prompts: 1, ..all })?;
     let p = tasks.len().max(1) as f64;
     let setting = format!(
         "real rollout, {} prompts, <= {} turns x {} tokens",

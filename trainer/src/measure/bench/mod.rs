@@ -124,11 +124,16 @@ fn greedy(n: usize) -> SamplingParams {
 }
 
 /// Hidden states of a `[b, len]` batch of random tokens, without grad.
-fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
-    let device = model.device();
+/// `b` rows of `len` random token ids (deterministic) on `device`, and their positions.
+fn random_rows(vocab: i64, b: i64, len: i64, seed: u64, device: Device) -> (Tensor, Tensor) {
     let ids = tokens(vocab, (b * len) as usize, seed).iter().map(|t| i64::from(*t)).collect::<Vec<_>>();
     let ids = Tensor::from_slice(&ids).view([b, len]).to_device(device);
     let pos = Tensor::arange(len, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]);
+    (ids, pos)
+}
+
+fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
+    let (ids, pos) = random_rows(vocab, b, len, seed, model.device());
     tch::no_grad(|| {
         let _ = model.hidden_with(&ids, &pos, crate::engine::model::Masking::Causal, None);
     });
@@ -141,9 +146,7 @@ fn prefill(model: &CausalLm, vocab: i64, b: i64, len: i64, seed: u64) {
 fn forward_floor(model: &CausalLm, vocab: i64, b: i64, cached: i64, steps: i64, repeats: usize) -> f64 {
     use crate::engine::model::Masking;
     let device = model.device();
-    let ids = tokens(vocab, (b * cached) as usize, 7).iter().map(|t| i64::from(*t)).collect::<Vec<_>>();
-    let ids = Tensor::from_slice(&ids).view([b, cached]).to_device(device);
-    let pos = Tensor::arange(cached, (Kind::Int64, device)).unsqueeze(0).repeat([b, 1]);
+    let (ids, pos) = random_rows(vocab, b, cached, 7, device);
     let run = || {
         tch::no_grad(|| {
             let mut cache = model.new_cache();

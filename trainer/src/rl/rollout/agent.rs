@@ -125,6 +125,11 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// The cap on chains decoding at once ([`AgentConfig::max_rows`]; `usize::MAX` for none).
+    pub fn row_cap(&self) -> usize {
+        if self.max_rows == 0 { usize::MAX } else { self.max_rows }
+    }
+
     /// What the env-server is told about each episode.
     pub fn episode_options(&self) -> EpisodeOptions {
         EpisodeOptions {

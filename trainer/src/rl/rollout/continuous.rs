@@ -89,12 +89,12 @@ impl Rollout<'_, '_> {
         rows: &mut Vec<Option<Row>>,
         ready: &mut VecDeque<usize>,
     ) -> Result<(), RolloutError> {
-        let cap = self.config.max_rows;
+        let cap = self.config.row_cap();
         while *active < window && prompts.len() < tasks.len() {
             // With a row cap, as many prompts as their first chains (M each) fit under it, and
             // one when none is in flight.
             let live = rows.iter().filter(|r| r.is_some()).count();
-            let fit = if cap == 0 { usize::MAX } else { cap.saturating_sub(live) / shape.m.max(1) };
+            let fit = cap.saturating_sub(live) / shape.m.max(1);
             let fit = if *active == 0 { fit.max(1) } else { fit };
             if fit == 0 {
                 break;
@@ -167,7 +167,7 @@ impl Rollout<'_, '_> {
         let mut decoding: HashMap<SeqId, usize> = HashMap::new();
         // The actions sent after the last decode step, and their rows.
         let mut in_flight: Option<(PendingStep, Vec<(usize, Generation)>)> = None;
-        let cap = if self.config.max_rows == 0 { usize::MAX } else { self.config.max_rows };
+        let cap = self.config.row_cap();
         loop {
             // Ready rows join in order while the batch has fewer than the cap.
             while self.engine.running_rows() < cap
